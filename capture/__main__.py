@@ -1,0 +1,3 @@
+from capture._cli import main
+
+raise SystemExit(main())

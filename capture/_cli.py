@@ -1,0 +1,63 @@
+"""The command line: a thin layer that builds library objects and formats their results.
+
+Each command group lives in ``capture/commands/<group>.py`` and exposes
+``register(subparsers)``; handlers take the parsed ``argparse.Namespace`` and return an exit
+code. Errors are mapped to messages and exit codes here, in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from capture import __version__
+from capture.errors import EXIT_USAGE, CaptureError
+
+COMMAND_GROUPS = ("core", "trial", "image", "results")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line plus a hint, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message}\nhint: run `{self.prog} --help` for usage\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="capture", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"capture {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for group in COMMAND_GROUPS:
+        try:
+            module = importlib.import_module(f"capture.commands.{group}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"capture.commands.{group}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(args)
+    level = logging.DEBUG if ns.verbose else getattr(logging, os.environ.get("CAPTURE_LOG_LEVEL", "WARNING").upper(), logging.WARNING)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not getattr(ns, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(ns.func(ns) or 0)
+    except CaptureError as exc:
+        sys.stderr.write(exc.diagnostics() + "\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,66 @@
+"""One error hierarchy; every error knows its exit code and the fix to suggest.
+
+Exit codes (shared/DESIGN.md): 0 ok, 1 drift, 2 usage, 3 malformed manifest, 4 signature/trust.
+The CLI catches :class:`CaptureError` in one place and prints ``error: <message>`` and
+``hint: <hint>`` on stderr; nothing else ever reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DRIFT = 1
+EXIT_USAGE = 2
+EXIT_MALFORMED = 3
+EXIT_SIGNATURE = 4
+
+
+class CaptureError(Exception):
+    """Base class. ``exit_code`` decides the process exit status."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def diagnostics(self) -> str:
+        """One line naming the problem, then (optionally) one line naming the fix."""
+        text = f"error: {self.message}"
+        if self.hint:
+            text += f"\nhint: {self.hint}"
+        return text
+
+
+class UsageError(CaptureError):
+    """Bad flags or arguments, bad key files, bad config values (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A trial config or policy file is wrong; the message names the key to fix (exit 2)."""
+
+
+class KeyError_(UsageError):
+    """A signing key cannot be used: missing, unreadable, wrong permissions, wrong type (exit 2)."""
+
+
+class ManifestError(CaptureError):
+    """The manifest cannot be read or is malformed (exit 3)."""
+
+    exit_code = EXIT_MALFORMED
+
+
+class SignatureError(CaptureError):
+    """Not signed, signature invalid, body tampered, or signer not trusted (exit 4)."""
+
+    exit_code = EXIT_SIGNATURE
+
+
+class TrustError(SignatureError):
+    """The signature is valid but the signer is not in the allowed-signers file (exit 4)."""
+
+
+class DockerUnavailable(UsageError):
+    """No Docker daemon (or no GPU runtime) where one is needed (exit 2)."""

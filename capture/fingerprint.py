@@ -1,0 +1,104 @@
+"""Run every probe and assemble the fingerprint part of a manifest."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from capture.manifest import new_manifest
+from capture.probes import ProbeOptions, Skipped, as_table
+
+log = logging.getLogger(__name__)
+
+# (manifest section, module under capture.probes, function). Order = manifest order.
+PROBES: tuple[tuple[str, str, str], ...] = (
+    ("nvidia", "nvidia", "probe"),
+    ("amd", "amd", "probe"),
+    ("topology", "topology", "probe"),
+    ("framework", "framework", "probe"),
+    ("python", "packages", "probe"),
+    ("host", "host", "probe"),
+    ("container", "container", "probe"),
+    ("environment", "environment", "probe"),
+    ("code", "code", "probe"),
+    ("models", "artifacts", "probe_models"),
+    ("datasets", "artifacts", "probe_datasets"),
+)
+
+
+def _run_probe(section: str, module: str, func: str, options: ProbeOptions) -> Any:
+    try:
+        fn: Callable[[ProbeOptions], Any] = getattr(importlib.import_module(f"capture.probes.{module}"), func)
+    except (ImportError, AttributeError) as exc:
+        return Skipped(f"probe unavailable: {exc}")
+    try:
+        return fn(options)
+    except Exception as exc:  # a probe bug must never crash the fingerprint
+        log.debug("probe %s failed", section, exc_info=True)
+        return Skipped(f"probe failed: {type(exc).__name__}: {exc}")
+
+
+def _table(result: Any) -> Any:
+    if isinstance(result, list):
+        return [as_table(r) for r in result]
+    return as_table(result)
+
+
+def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
+    """The few facts `verify` compares first: which accelerator, how many, which driver/runtime."""
+    fw = sections.get("framework") or {}
+    for vendor, name_key, mem_key, runtime, rt_key in (
+        ("nvidia", "name", "memory_total_bytes", "cuda", "cuda_version"),
+        ("amd", "market_name", "vram_total_bytes", "rocm", "hip_version"),
+    ):
+        sec = sections.get(vendor) or {}
+        devices = [d for d in sec.get("devices", []) if d.get("visible", True)]
+        if not devices:
+            continue
+        names = Counter(str(d.get(name_key, "unknown")) for d in devices)
+        mems = sorted({d[mem_key] for d in devices if isinstance(d.get(mem_key), int)})
+        out: dict[str, Any] = {
+            "vendor": vendor,
+            "model": " + ".join(names) if len(names) > 1 else next(iter(names)),
+            "count": len(devices),
+            "driver_version": sec.get("driver_version"),
+            "runtime": runtime,
+            "runtime_version": fw.get(rt_key),
+        }
+        if len(mems) == 1:
+            out["memory_per_device_bytes"] = mems[0]
+        return out
+    return {"vendor": "none", "model": "cpu", "count": 0, "runtime": "cpu"}
+
+
+def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
+            timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """Probe this machine and return a manifest dict (unsigned, not yet written)."""
+    options = options or ProbeOptions()
+    manifest = new_manifest(kind)
+    manifest["probe"] = {
+        "deep": options.deep,
+        "verify_artifacts": options.verify_artifacts,
+        "models": list(options.models),
+        "datasets": list(options.datasets),
+        "code": str(options.code) if options.code is not None else ".",
+    }
+    sections: dict[str, Any] = {}
+    for section, module, func in PROBES:
+        t0 = time.perf_counter()
+        result = _run_probe(section, module, func, options)
+        if timings is not None:
+            timings[section] = time.perf_counter() - t0
+        if section in ("models", "datasets") and not isinstance(result, list):
+            if isinstance(result, Skipped) and not getattr(options, section):
+                continue
+            result = [result]
+        if section in ("models", "datasets") and not result:
+            continue
+        sections[section] = _table(result)
+    manifest["accelerator"] = accelerator_summary(sections)
+    manifest.update(sections)
+    return manifest

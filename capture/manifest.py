@@ -1,0 +1,264 @@
+"""The manifest: TOML body written with tomli-w, read with tomllib, signed over its exact bytes.
+
+A signed manifest is ``BODY + TRAILER`` (shared/DESIGN.md, decision 1): the trailer is the last
+table and starts at a line that is exactly ``[signature]``. Nothing is re-serialised before a
+signature check, so :func:`split_signed` works on bytes and :func:`parse_body` only runs after
+the signature has been checked (see :mod:`capture.verify`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path, PurePath
+from typing import Any
+
+import tomli_w
+
+from capture import __version__
+from capture._atomic import atomic_write
+from capture.errors import ManifestError, SignatureError
+
+SCHEMA_VERSION = 1
+KINDS = ("fingerprint", "trial")
+TRAILER_LINE = b"[signature]"
+
+# Top-level order of a manifest: facts about the stack first, results last, so that two
+# captures of one machine diff section by section. Unknown sections follow, sorted.
+SECTION_ORDER = (
+    "schema_version",
+    "kind",
+    "created_utc",
+    "tool",
+    "probe",
+    "accelerator",
+    "nvidia",
+    "amd",
+    "topology",
+    "framework",
+    "python",
+    "host",
+    "container",
+    "environment",
+    "code",
+    "models",
+    "datasets",
+    "trial",
+    "scaling",
+)
+
+# Sections whose tables hold data, not keys to sort (e.g. verbatim user config).
+_KEEP_ORDER = frozenset()
+
+
+def utc_now() -> str:
+    """Creation time in UTC, second precision, RFC 3339 with a Z."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_manifest(kind: str = "fingerprint") -> dict[str, Any]:
+    """The header every manifest starts with."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown manifest kind {kind!r}")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": kind,
+        "created_utc": utc_now(),
+        "tool": {"name": "capture", "version": __version__},
+    }
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def to_toml_value(value: Any) -> Any:
+    """Turn probe results (dataclasses, enums, paths, tuples) into TOML-safe values.
+
+    ``None`` means "not known" and is dropped: TOML has no null. Dict keys are sorted so that
+    output is stable whatever order a probe discovered things in.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "to_manifest"):
+            return to_toml_value(value.to_manifest())
+        return to_toml_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    if isinstance(value, Mapping):
+        out = {}
+        for k in sorted(value, key=str):
+            v = to_toml_value(value[k])
+            if v is not None:
+                out[str(k)] = v
+        return out
+    if isinstance(value, (list, tuple)):
+        return [v for v in (to_toml_value(x) for x in value) if v is not None]
+    if isinstance(value, (set, frozenset)):
+        return sorted(to_toml_value(x) for x in value)
+    if isinstance(value, enum.Enum):
+        return to_toml_value(value.value)
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, bool) or isinstance(value, (int, str, _dt.datetime, _dt.date)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None:
+        return None
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return to_toml_value(value.item())
+    raise TypeError(f"cannot store {type(value).__name__} in a manifest: {value!r}")
+
+
+def ordered(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalise values and put top-level keys in :data:`SECTION_ORDER`."""
+    if "signature" in manifest:
+        raise ValueError("the [signature] table is written by `capture sign`, not by the body")
+    norm = to_toml_value(manifest)
+    rank = {k: i for i, k in enumerate(SECTION_ORDER)}
+    keys = sorted(norm, key=lambda k: (rank.get(k, len(rank)), k))
+    return {k: norm[k] for k in keys}
+
+
+def dumps(manifest: Mapping[str, Any]) -> bytes:
+    """The manifest body as UTF-8 TOML bytes; always ends with a newline."""
+    text = tomli_w.dumps(ordered(manifest), multiline_strings=True)
+    if TRAILER_LINE.decode() in text.splitlines():  # a value can never fake the trailer line
+        raise ValueError("manifest body would contain a line that reads [signature]")
+    return text.encode("utf-8")
+
+
+def write(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> bytes:
+    """Write an unsigned manifest atomically and return its bytes."""
+    data = dumps(manifest)
+    atomic_write(path, data)
+    return data
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """Read a manifest file, turning OS errors into one-line :class:`ManifestError`."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{p}: no such file", "check the path; `ls` the folder to see what is there") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{p}: is a folder, not a manifest file", "name a .toml manifest file") from None
+    except PermissionError:
+        raise ManifestError(f"{p}: permission denied", "make the file readable (chmod u+r) or run as its owner") from None
+    except OSError as exc:
+        raise ManifestError(f"{p}: cannot read ({exc.strerror})", "check the path and the disk") from None
+    if not data.strip():
+        raise ManifestError(f"{p}: file is empty", "write a manifest with `capture fingerprint -o FILE`")
+    return data
+
+
+def split_signed(data: bytes) -> tuple[bytes, bytes | None]:
+    """Split into ``(BODY, TRAILER)``; TRAILER is None for an unsigned manifest.
+
+    The trailer starts at the first line that is exactly ``[signature]`` and must be the last
+    table of the file; a second table after it means someone appended to a signed file.
+    """
+    lines = data.splitlines(keepends=True)
+    offset = 0
+    for line in lines:
+        if line.rstrip(b"\r\n") == TRAILER_LINE:
+            body, trailer = data[:offset], data[offset:]
+            for later in trailer.splitlines()[1:]:
+                s = later.strip()
+                if s.startswith(b"[") and not s.startswith(b"[=") and s != b"[":
+                    raise SignatureError(
+                        "content was added after the [signature] table",
+                        "the signature covers only what precedes it; re-sign with `capture sign`",
+                    )
+            return body, trailer
+        offset += len(line)
+    return data, None
+
+
+def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
+    """Parse and check a manifest body (call only after its signature was checked)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{source}: not UTF-8 (byte {exc.start}: {body[exc.start:exc.start + 1]!r})",
+            "a manifest is UTF-8 TOML; regenerate it with `capture fingerprint`",
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        reason = str(exc).splitlines()[0]
+        raise ManifestError(f"{source}: not valid TOML ({reason})",
+                            "the file may be truncated or hand-edited; regenerate it") from None
+    check_schema(data, source)
+    return data
+
+
+def parse_trailer(trailer: bytes, source: str = "manifest") -> dict[str, Any]:
+    """Parse the ``[signature]`` table."""
+    try:
+        data = tomllib.loads(trailer.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SignatureError(f"{source}: the [signature] table cannot be read ({str(exc).splitlines()[0]})",
+                             "re-sign the manifest with `capture sign FILE --key KEY`") from None
+    sig = data.get("signature")
+    if not isinstance(sig, dict):
+        raise SignatureError(f"{source}: the [signature] table is empty", "re-sign with `capture sign`")
+    return sig
+
+
+_EXPECTED_TYPES: dict[str, type | tuple[type, ...]] = {
+    "tool": dict, "probe": dict, "accelerator": dict, "nvidia": dict, "amd": dict, "topology": dict,
+    "framework": dict, "python": dict, "host": dict, "container": dict, "environment": dict,
+    "code": dict, "models": list, "datasets": list, "trial": dict, "scaling": dict,
+}
+
+
+def check_schema(data: Mapping[str, Any], source: str = "manifest") -> None:
+    """Reject manifests this version cannot understand, naming the field."""
+    version = data.get("schema_version")
+    if version is None:
+        raise ManifestError(f"{source}: no schema_version", "this is not a capture manifest; make one with `capture fingerprint`")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestError(f"{source}: schema_version must be an integer, found {type(version).__name__}",
+                            "regenerate the manifest with `capture fingerprint`")
+    if version > SCHEMA_VERSION:
+        raise ManifestError(f"{source}: schema_version {version} is newer than this capture understands ({SCHEMA_VERSION})",
+                            "upgrade capture (pip install -U capture) to read it")
+    if version < 1:
+        raise ManifestError(f"{source}: schema_version {version} is not valid", "regenerate the manifest")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise ManifestError(f"{source}: kind must be one of {', '.join(KINDS)}, found {kind!r}",
+                            "regenerate the manifest with `capture fingerprint` or `capture trial`")
+    if not isinstance(data.get("created_utc"), str):
+        raise ManifestError(f"{source}: created_utc missing or not a string", "regenerate the manifest")
+    for key, typ in _EXPECTED_TYPES.items():
+        if key in data and not isinstance(data[key], typ):
+            want = "a table" if typ is dict else "an array of tables"
+            raise ManifestError(f"{source}: [{key}] must be {want}, found {type(data[key]).__name__}",
+                                "the file was hand-edited or corrupted; regenerate it")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedManifest:
+    """A manifest read from disk. ``data`` is only filled after parsing."""
+
+    path: str
+    raw: bytes
+    body: bytes
+    trailer: bytes | None
+    data: dict[str, Any]
+
+
+def load_unverified(path: str | os.PathLike[str]) -> LoadedManifest:
+    """Read and parse without checking the signature (for `diff`, `show`; never for trust)."""
+    raw = read_bytes(path)
+    body, trailer = split_signed(raw)
+    return LoadedManifest(str(path), raw, body, trailer, parse_body(body, str(path)))
