@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from capture.errors import CaptureError
 from capture.manifest import new_manifest
 from capture.probes import ProbeOptions, Skipped, as_table
 
@@ -29,13 +30,17 @@ PROBES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _run_probe(section: str, module: str, func: str, options: ProbeOptions) -> Any:
+def _run_probe(section: str, module: str, func: str, options: ProbeOptions, raise_user_errors: bool) -> Any:
     try:
         fn: Callable[[ProbeOptions], Any] = getattr(importlib.import_module(f"capture.probes.{module}"), func)
     except (ImportError, AttributeError) as exc:
         return Skipped(f"probe unavailable: {exc}")
     try:
         return fn(options)
+    except CaptureError as exc:
+        if raise_user_errors:  # e.g. --model names a repo that is not in the cache: the user must know
+            raise
+        return Skipped(f"{exc.message}")
     except Exception as exc:  # a probe bug must never crash the fingerprint
         log.debug("probe %s failed", section, exc_info=True)
         return Skipped(f"probe failed: {type(exc).__name__}: {exc}")
@@ -75,8 +80,12 @@ def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
-            timings: dict[str, float] | None = None) -> dict[str, Any]:
-    """Probe this machine and return a manifest dict (unsigned, not yet written)."""
+            timings: dict[str, float] | None = None, raise_user_errors: bool = True) -> dict[str, Any]:
+    """Probe this machine and return a manifest dict (unsigned, not yet written).
+
+    ``raise_user_errors``: a :class:`CaptureError` from a probe (a ``--model`` that is not in the
+    cache) propagates; `verify` turns it off so that a missing artifact is reported as drift.
+    """
     options = options or ProbeOptions()
     manifest = new_manifest(kind)
     manifest["probe"] = {
@@ -89,7 +98,7 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     sections: dict[str, Any] = {}
     for section, module, func in PROBES:
         t0 = time.perf_counter()
-        result = _run_probe(section, module, func, options)
+        result = _run_probe(section, module, func, options, raise_user_errors)
         if timings is not None:
             timings[section] = time.perf_counter() - t0
         if section in ("models", "datasets") and not isinstance(result, list):

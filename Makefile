@@ -1,0 +1,36 @@
+# capture — two commands for a new user: `make trial` (the staged trial on the built-in tiny
+# example, CPU) and `make test` (the test suite). Everything else is documented in README.md.
+PY       ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+# CPU build by default; on a GPU machine use the images (make trial-cuda / trial-rocm) or set
+# TORCH_SPEC to the build that matches your driver.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup trial test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[trial,dev]'
+	touch $@
+
+trial: setup
+	mkdir -p out
+	$(BIN)/capture trial --example tiny -o out/trial-tiny.toml
+	$(BIN)/capture verify out/trial-tiny.toml
+
+test: setup
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/fingerprint_vs_collect_env.py
+
+clean:
+	rm -rf out .pytest_cache
+
+-include images/images.mk

@@ -1,0 +1,197 @@
+"""Core commands: fingerprint, keygen, sign, verify, diff."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from capture.errors import EXIT_DRIFT, EXIT_OK, UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fingerprint", help="probe this machine and write an unsigned manifest")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the manifest here (default: stdout)")
+    p.add_argument("--model", action="append", default=[], metavar="REPO[@REV]|DIR",
+                   help="a model revision from the local hub cache, or a local folder (repeatable)")
+    p.add_argument("--dataset", action="append", default=[], metavar="REPO[@REV]|DIR",
+                   help="a dataset revision from the local hub cache, or a local folder (repeatable)")
+    p.add_argument("--code", metavar="DIR", help="the code folder to fingerprint (default: current folder)")
+    p.add_argument("--deep", action="store_true",
+                   help="also import torch (in a subprocess) to record the cuDNN/NCCL actually loaded; costs seconds")
+    p.add_argument("--verify-artifacts", action="store_true",
+                   help="re-hash every model/dataset blob and report mismatches (reads every byte)")
+    p.add_argument("--hf-cache", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
+    p.add_argument("--key", metavar="KEYFILE", help="sign the manifest with this key as it is written")
+    p.add_argument("--principal", metavar="NAME", help="signer identity recorded with --key")
+    p.add_argument("--timings", action="store_true", help="print how long each probe took on stderr")
+    p.set_defaults(func=cmd_fingerprint)
+
+    p = sub.add_parser("keygen", help="new Ed25519 signing key in OpenSSH format (+ KEYFILE.pub)")
+    p.add_argument("-o", "--output", metavar="KEYFILE", help="default: ~/.config/capture/id_ed25519")
+    p.add_argument("-C", "--comment", metavar="NAME", help="principal stored as the key comment (default user@host)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing key")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser("sign", help="append (or replace) the signature trailer of a manifest, atomically")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--key", metavar="KEYFILE", help="private key (default: $CAPTURE_KEY or ~/.config/capture/id_ed25519)")
+    p.add_argument("--principal", metavar="NAME", help="signer identity (default: the key comment)")
+    p.set_defaults(func=cmd_sign)
+
+    p = sub.add_parser("verify", help="signature → trust → parse → live fingerprint → compare")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="a manifest; several files, a folder or a glob verify a whole tree")
+    p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file (git's gpg.ssh.allowedSignersFile format)")
+    p.add_argument("--policy", metavar="F", help="policy file that loosens or tightens fields (see README)")
+    p.add_argument("--strict", action="store_true", help="also compare board UUIDs, serials and PCI bus ids")
+    p.add_argument("--code", metavar="DIR", help="code folder to compare (default: the recorded path if present, else .)")
+    p.add_argument("--signature-only", action="store_true", help="check signature and trust, not the live stack")
+    p.add_argument("--verify-artifacts", action="store_true", help="re-hash model/dataset blobs while re-probing")
+    p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("diff", help="what differs between two manifests (same comparison as verify)")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--policy", metavar="F", help="policy file (default: the verify policy)")
+    p.add_argument("--strict", action="store_true", help="also compare board UUIDs, serials and PCI bus ids")
+    p.add_argument("--all", dest="everything", action="store_true",
+                   help="compare every field except timestamps (hostnames, environment, trial figures too)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_diff)
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from capture import manifest as mf
+    from capture.fingerprint import collect
+    from capture.probes import ProbeOptions
+
+    if args.principal and not args.key:
+        raise UsageError("--principal needs --key", "add --key KEYFILE, or sign later with `capture sign`")
+    options = ProbeOptions(
+        models=tuple(args.model), datasets=tuple(args.dataset),
+        code=Path(args.code) if args.code else None, verify_artifacts=args.verify_artifacts,
+        deep=args.deep, hf_cache=Path(args.hf_cache) if args.hf_cache else None,
+        progress=sys.stderr.isatty(),
+    )
+    if options.code is not None and not options.code.is_dir():
+        raise UsageError(f"--code {args.code}: not a folder", "name the folder that holds your training code")
+    if args.key:  # fail on a bad key before spending time probing
+        from capture import signing
+        signing.load_private_key(args.key)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    manifest = collect(options, timings=timings)
+    body = mf.dumps(manifest)
+    if args.timings:
+        for name, secs in timings.items():
+            sys.stderr.write(f"{name:12s} {secs * 1000:8.1f} ms\n")
+        sys.stderr.write(f"{'total':12s} {(time.perf_counter() - t0) * 1000:8.1f} ms\n")
+    if args.key:
+        from capture import signing
+        if not args.output:
+            sys.stdout.buffer.write(signing.sign_bytes(body, args.key, args.principal))
+            return EXIT_OK
+        signing.write_signed(args.output, body, args.key, args.principal)
+    elif args.output:
+        from capture._atomic import atomic_write
+        atomic_write(args.output, body)
+    else:
+        sys.stdout.buffer.write(body)
+        return EXIT_OK
+    sys.stderr.write(f"wrote {args.output}\n")
+    return EXIT_OK
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from capture import signing
+
+    path = Path(args.output) if args.output else signing.default_key_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pub = signing.generate_key(path, comment=args.comment, overwrite=args.force)
+    principal = signing.default_principal(path)
+    sys.stdout.write(f"{pub}\n")
+    sys.stderr.write(
+        f"wrote {path} (private, mode 0600) and {path}.pub\n"
+        f"hint: to trust it, add this line to an allowed-signers file:\n  {principal} namespaces=\"{signing.NAMESPACE}\" {pub}\n"
+    )
+    return EXIT_OK
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from capture import signing
+
+    key = args.key or os.environ.get("CAPTURE_KEY") or str(signing.default_key_path())
+    signing.sign_file(args.file, key, args.principal)
+    sys.stderr.write(f"signed {args.file}\n")
+    return EXIT_OK
+
+
+def _expand(files: list[str]) -> tuple[list[str], bool]:
+    """Expand globs; True when the user asked for a tree (folder, glob, several files)."""
+    out: list[str] = []
+    tree = len(files) > 1
+    for f in files:
+        if any(c in f for c in "*?[") and not Path(f).exists():
+            matches = sorted(glob.glob(f, recursive=True))
+            if not matches:
+                raise UsageError(f"{f}: the pattern matches no file", "check the glob, or quote it for the shell")
+            out.extend(matches)
+            tree = True
+        else:
+            out.append(f)
+            tree = tree or Path(f).is_dir()
+    return out, tree
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from capture.verify import Policy, format_report, verify_file
+
+    files, tree = _expand(args.files)
+    policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
+    if tree:
+        from capture.results.tree import verify_paths
+
+        return verify_paths(files, allowed_signers=args.allowed_signers, policy=policy,
+                            stack=not args.signature_only, json_out=args.json)
+    report = verify_file(files[0], allowed_signers=args.allowed_signers, policy=policy, strict=args.strict,
+                         code_dir=args.code, stack=not args.signature_only,
+                         verify_artifacts=args.verify_artifacts)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    else:
+        text = format_report(report)
+        if report.error and report.signer is None:
+            # A rejected manifest: one-line reason and hint on stderr, as every other error.
+            sys.stderr.write(f"error: {report.path}: {report.error}\n")
+            if report.hint:
+                sys.stderr.write(f"hint: {report.hint}\n")
+        else:
+            sys.stdout.write(text + "\n")
+    return report.exit_code
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from capture.verify import Policy, diff_files, signature_status
+
+    policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
+    diffs, compared = diff_files(args.a, args.b, policy, everything=args.everything)
+    if args.json:
+        sys.stdout.write(json.dumps({
+            "a": args.a, "b": args.b, "compared": compared,
+            "differences": [{"field": d.field, "a": None if d.recorded == "(absent)" else d.recorded,
+                             "b": None if d.live == "(absent)" else d.live} for d in diffs],
+        }, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(f"A: {args.a} — {signature_status(args.a)}\nB: {args.b} — {signature_status(args.b)}\n")
+        if diffs:
+            sys.stdout.write(f"{len(diffs)} of {compared} compared fields differ:\n")
+            sys.stdout.writelines(f"  {d.line('A', 'B')}\n" for d in diffs)
+        else:
+            sys.stdout.write(f"same stack: {compared} fields compared\n")
+    return EXIT_DRIFT if diffs else EXIT_OK
