@@ -1,0 +1,101 @@
+"""The manifest body: stable TOML, schema checks, the trailer split."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from capture import manifest as mf
+from capture.errors import ManifestError, SignatureError
+
+
+def _sample() -> dict:
+    m = mf.new_manifest("fingerprint")
+    m["python"] = {"version": "3.11.7", "packages": {"torch": {"version": "2.13.0"}, "numpy": {"version": "2.4.6"}}}
+    m["accelerator"] = {"vendor": "none", "count": 0, "model": "cpu"}
+    m["nvidia"] = {"skipped": "no NVIDIA driver"}
+    return m
+
+
+def test_dumps_is_stable_and_ordered():
+    m = _sample()
+    shuffled = dict(reversed(list(m.items())))
+    shuffled["python"] = {"packages": {"numpy": {"version": "2.4.6"}, "torch": {"version": "2.13.0"}}, "version": "3.11.7"}
+    assert mf.dumps(m) == mf.dumps(shuffled)
+    text = mf.dumps(m).decode()
+    # stack sections in SECTION_ORDER: accelerator before nvidia before python
+    assert text.index("[accelerator]") < text.index("[nvidia]") < text.index("[python]")
+    assert text.startswith("schema_version = 1\nkind = \"fingerprint\"\ncreated_utc = ")
+
+
+def test_none_is_dropped_and_round_trip():
+    m = _sample()
+    m["host"] = {"hostname": "h", "libc": None, "cores": (1, 2)}
+    data = tomllib.loads(mf.dumps(m).decode())
+    assert data["host"] == {"hostname": "h", "cores": [1, 2]}
+    assert mf.parse_body(mf.dumps(m)) == data
+
+
+def test_body_may_not_carry_a_signature_table():
+    m = _sample()
+    m["signature"] = {"x": 1}
+    with pytest.raises(ValueError):
+        mf.dumps(m)
+
+
+def test_value_cannot_fake_the_trailer_line():
+    m = _sample()
+    m["trial"] = {"config_toml": "a = 1\n[signature]\nb = 2\n"}
+    with pytest.raises(ValueError, match=r"\[signature\]"):
+        mf.dumps(m)
+
+
+def test_split_signed():
+    body = mf.dumps(_sample())
+    trailer = b'[signature]\nformat = "sshsig"\n'
+    assert mf.split_signed(body) == (body, None)
+    assert mf.split_signed(body + trailer) == (body, trailer)
+    with pytest.raises(SignatureError, match="added after"):
+        mf.split_signed(body + trailer + b"[extra]\nx = 1\n")
+
+
+def test_write_is_atomic_and_leaves_no_temp(tmp_path: Path):
+    out = tmp_path / "m.toml"
+    mf.write(out, _sample())
+    assert [p.name for p in tmp_path.iterdir()] == ["m.toml"]
+    assert mf.load_unverified(out).data["kind"] == "fingerprint"
+
+
+BROKEN = {
+    "empty.toml": (b"", "empty"),
+    "whitespace.toml": (b"  \n\n", "empty"),
+    "not-utf8.toml": (b'schema_version = 1\nkind = "fingerprint"\nx = "\xff\xfe"\n', "not UTF-8"),
+    "not-toml.toml": (b"this is { not toml\n", "not valid TOML"),
+    "truncated.toml": (b'schema_version = 1\nkind = "fingerpr', "not valid TOML"),
+    "no-schema.toml": (b'kind = "fingerprint"\ncreated_utc = "x"\n', "no schema_version"),
+    "schema-string.toml": (b'schema_version = "1"\nkind = "fingerprint"\ncreated_utc = "x"\n', "must be an integer"),
+    "future-schema.toml": (b'schema_version = 99\nkind = "fingerprint"\ncreated_utc = "x"\n', "newer than this capture"),
+    "bad-kind.toml": (b'schema_version = 1\nkind = "selfie"\ncreated_utc = "x"\n', "kind must be one of"),
+    "wrong-type-section.toml": (b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "x"\npython = 3\n', r"\[python\] must be a table"),
+    "wrong-type-models.toml": (b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "x"\n[models]\na = 1\n', r"\[models\] must be an array"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_manifests_are_one_line_errors(tmp_path: Path, name: str):
+    data, match = BROKEN[name]
+    p = tmp_path / name
+    p.write_bytes(data)
+    with pytest.raises(ManifestError, match=match) as info:
+        mf.load_unverified(p)
+    assert "\n" not in info.value.message and info.value.hint
+    assert info.value.exit_code == 3
+
+
+def test_missing_file_and_folder(tmp_path: Path):
+    with pytest.raises(ManifestError, match="no such file"):
+        mf.read_bytes(tmp_path / "nope.toml")
+    with pytest.raises(ManifestError, match="is a folder"):
+        mf.read_bytes(tmp_path)
