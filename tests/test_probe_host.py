@@ -1,0 +1,91 @@
+"""Host probe: live against this machine (checked with independent sources) and on captured files."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from pathlib import Path
+
+import pytest
+
+from capture import manifest
+from capture.probes import ProbeOptions
+from capture.probes import host
+
+FIXTURES = Path(__file__).parent / "fixtures" / "host"
+
+
+def test_live_host_agrees_with_independent_sources() -> None:
+    info = host.probe(ProbeOptions())
+    assert info.hostname == socket.gethostname()
+    assert info.kernel == platform.release()
+    assert info.arch == platform.machine()
+    assert info.cpu_count == os.cpu_count()
+    assert info.cpu_count_usable == len(os.sched_getaffinity(0))
+    # MemTotal and the kernel's page count both come from sysinfo's totalram.
+    assert info.memory_total_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    osr = platform.freedesktop_os_release()
+    assert info.os == osr.get("PRETTY_NAME")
+    assert info.os_id == osr.get("ID")
+    assert info.os_version_id == osr.get("VERSION_ID")
+    name, version = platform.libc_ver()
+    assert info.libc == f"{name} {version}"
+
+
+def test_captured_debian_vm_files() -> None:
+    info = host.probe(ProbeOptions(), root=FIXTURES / "debian12-epyc-vm")
+    assert info.os == "Debian GNU/Linux 12 (bookworm)"
+    assert info.os_id == "debian"
+    assert info.os_version_id == "12"
+    assert info.cpu_model == "AMD EPYC"
+    assert info.memory_total_bytes == 24683584 * 1024
+
+
+def test_missing_files_leave_fields_out(tmp_path: Path) -> None:
+    info = host.probe(ProbeOptions(), root=tmp_path)
+    table = manifest.to_toml_value(info.to_manifest())
+    for key in ("os", "os_id", "os_version_id", "cpu_model", "memory_total_bytes"):
+        assert key not in table
+    assert table["kernel"] and table["arch"] and table["hostname"]
+
+
+def test_os_release_quoting_and_fallback_file(tmp_path: Path) -> None:
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "usr/lib/os-release").write_text(
+        '# comment\nNAME="Ubuntu"\nPRETTY_NAME="Ubuntu 22.04.4 LTS \\"jammy\\""\nID=ubuntu\nVERSION_ID=\'22.04\'\n\nBROKEN LINE\n'
+    )
+    info = host.probe(ProbeOptions(), root=tmp_path)
+    assert info.os == 'Ubuntu 22.04.4 LTS "jammy"'
+    assert info.os_id == "ubuntu"
+    assert info.os_version_id == "22.04"
+
+
+# Shaped like /proc/cpuinfo on an Arm Neoverse V2 (Grace) core, which has no "model name".
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 2000.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics sve sve2
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd4f
+CPU revision\t: 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "model"),
+    [
+        (ARM_CPUINFO, "Arm Neoverse V2"),
+        (ARM_CPUINFO.replace("0xd4f", "0xfff"), "Arm implementer 0x41 part 0xfff"),
+        ("processor\t: 0\ncpu\t\t: POWER9 (raw), altivec supported\n", "POWER9 (raw), altivec supported"),
+        ("processor\t: 0\ncpu MHz\t\t: 2400\n", None),
+    ],
+)
+def test_cpu_model_variants(text: str, model: str | None) -> None:
+    assert host.parse_cpu_model(text) == model
+
+
+@pytest.mark.parametrize(("text", "value"), [("MemTotal:  1024 kB\n", 1048576), ("MemFree: 1 kB\n", None), ("MemTotal: x kB\n", None)])
+def test_meminfo(text: str, value: int | None) -> None:
+    assert host.parse_meminfo_total_bytes(text) == value
