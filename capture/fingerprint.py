@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ PROBES: tuple[tuple[str, str, str], ...] = (
     ("framework", "framework", "probe"),
     ("python", "packages", "probe"),
     ("host", "host", "probe"),
+    ("toolchain", "toolchain", "probe"),
     ("container", "container", "probe"),
     ("environment", "environment", "probe"),
     ("code", "code", "probe"),
@@ -95,12 +97,20 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
         "datasets": list(options.datasets),
         "code": str(options.code) if options.code is not None else ".",
     }
-    sections: dict[str, Any] = {}
-    for section, module, func in PROBES:
+
+    def timed(entry: tuple[str, str, str]) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        result = _run_probe(section, module, func, options, raise_user_errors)
+        result = _run_probe(*entry, options, raise_user_errors)
+        return result, time.perf_counter() - t0
+
+    # Probes wait on the kernel, NVML, git and subprocesses far more than on Python, so they
+    # run side by side; results are placed in PROBES order whatever order they finish in.
+    with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
+        results = list(pool.map(timed, PROBES))
+    sections: dict[str, Any] = {}
+    for (section, _, _), (result, secs) in zip(PROBES, results):
         if timings is not None:
-            timings[section] = time.perf_counter() - t0
+            timings[section] = secs
         if section in ("models", "datasets") and not isinstance(result, list):
             if isinstance(result, Skipped) and not getattr(options, section):
                 continue

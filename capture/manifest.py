@@ -43,6 +43,7 @@ SECTION_ORDER = (
     "framework",
     "python",
     "host",
+    "toolchain",
     "container",
     "environment",
     "code",
@@ -215,7 +216,7 @@ def parse_trailer(trailer: bytes, source: str = "manifest") -> dict[str, Any]:
 
 _EXPECTED_TYPES: dict[str, type | tuple[type, ...]] = {
     "tool": dict, "probe": dict, "accelerator": dict, "nvidia": dict, "amd": dict, "topology": dict,
-    "framework": dict, "python": dict, "host": dict, "container": dict, "environment": dict,
+    "framework": dict, "python": dict, "host": dict, "toolchain": dict, "container": dict, "environment": dict,
     "code": dict, "models": list, "datasets": list, "trial": dict, "scaling": dict,
 }
 

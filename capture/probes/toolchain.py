@@ -1,0 +1,59 @@
+"""Compilers and build tools on PATH (they build CUDA/HIP extensions such as flash-attn at install
+or first use, so they are part of the stack). One short subprocess per tool that exists."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from capture.probes import ProbeOptions
+
+# tool -> (command, regex that pulls the version out of its output)
+TOOLS: dict[str, tuple[list[str], str]] = {
+    "gcc": (["gcc", "--version"], r"(\d+\.\d+(?:\.\d+)?)"),
+    "clang": (["clang", "--version"], r"clang version (\d+\.\d+(?:\.\d+)?)"),
+    "cmake": (["cmake", "--version"], r"cmake version (\S+)"),
+    "nvcc": (["nvcc", "--version"], r"release (\d+\.\d+), V(\S+)"),
+    "hipcc": (["hipcc", "--version"], r"HIP version: (\S+)"),
+    "ninja": (["ninja", "--version"], r"(\S+)"),
+}
+TIMEOUT_S = 5.0
+
+
+def parse_version(tool: str, output: str) -> str | None:
+    m = re.search(TOOLS[tool][1], output)
+    if not m:
+        return None
+    return m.group(2) if tool == "nvcc" else m.group(1)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    versions: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def to_manifest(self) -> dict:
+        return {name: {"version": v, "path": self.paths[name]} for name, v in self.versions.items()}
+
+
+def _one(tool: str) -> tuple[str, str, str] | None:
+    cmd = TOOLS[tool][0]
+    exe = shutil.which(cmd[0])
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    version = parse_version(tool, out.stdout + out.stderr)
+    return (tool, version, exe) if version else None
+
+
+def probe(options: ProbeOptions) -> Toolchain:
+    # The tools start in parallel: their start-up (not ours) is what costs time.
+    with ThreadPoolExecutor(max_workers=len(TOOLS)) as pool:
+        found = [r for r in pool.map(_one, TOOLS) if r]
+    return Toolchain({t: v for t, v, _ in found}, {t: p for t, _, p in found})

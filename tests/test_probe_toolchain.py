@@ -1,0 +1,40 @@
+"""The toolchain probe against the real tools on this machine, and version parsing of real output."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from capture.probes import ProbeOptions
+from capture.probes.toolchain import parse_version, probe
+
+REAL_OUTPUTS = {
+    # first lines as the tools print them (gcc from tests/fixtures/h200/collect_env.txt's machine)
+    "gcc": ("gcc (Ubuntu 13.3.0-6ubuntu2~24.04.1) 13.3.0\nCopyright (C) 2023", "13.3.0"),
+    "cmake": ("cmake version 4.4.3\n\nCMake suite maintained", "4.4.3"),
+    "nvcc": ("nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\nBuild cuda_13.0.r13.0", "13.0.88"),
+    "clang": ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", "14.0.6"),
+    "hipcc": ("HIP version: 6.2.41133-dd7f95766\nAMD clang version 18.0.0git", "6.2.41133-dd7f95766"),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(REAL_OUTPUTS))
+def test_parse_version(tool: str):
+    text, want = REAL_OUTPUTS[tool]
+    assert parse_version(tool, text) == want
+
+
+def test_probe_matches_the_real_gcc():
+    gcc = shutil.which("gcc")
+    if not gcc:
+        pytest.skip("no gcc on PATH")
+    out = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+    table = probe(ProbeOptions()).to_manifest()
+    assert table["gcc"] == {"version": out, "path": gcc}
+
+
+def test_probe_with_empty_path(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", "")
+    assert probe(ProbeOptions()).to_manifest() == {}
