@@ -1,0 +1,485 @@
+"""The trial config: a TOML file that defines the run before any card is measured.
+
+The file is recorded verbatim in the manifest (``trial.config_toml``) beside the resolved
+definition, so a reviewer sees both what was asked and what ran. Every key lives under
+``[trial]``; an error names the exact key to fix (``trial.optimizer.lr: must be > 0, got -1``)
+and an unknown key is an error with a did-you-mean, never silently ignored.
+
+Layout (see docs/trial.md for every key)::
+
+    [trial]            name, seed, method, device, warmup_steps, measured_steps
+    [trial.model]      source = "hub" | "local" | "from_config"; repo_id, revision, path,
+                       architecture, [trial.model.config]
+    [trial.lora]       rank, alpha, dropout, target_modules
+    [trial.optimizer]  name, lr, weight_decay, betas, eps, momentum, fused
+    [trial.scheduler]  name, warmup_steps
+    [trial.precision]  dtype, autocast
+    [trial.batch]      max_seq_len, micro_batch_size, grad_accum
+    [trial.data]       source = "corpus" | "synthetic" | "local" | "hub"; tokenizer, path,
+                       repo_id, revision, text_field, files, validation_fraction, synthetic_sequences
+    [trial.validation] every_steps, batches
+    [trial.checkpoint] enabled, every_steps
+    [trial.recovery]   enabled, save_at_step, total_steps, withhold
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from capture.errors import ConfigError
+
+METHODS = ("full", "lora")
+DEVICES = ("auto", "cpu", "cuda")
+MODEL_SOURCES = ("hub", "local", "from_config")
+ARCHITECTURES = ("gpt2", "llama")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULERS = ("constant", "linear", "cosine")
+DTYPES = ("fp32", "bf16", "fp16")
+DATA_SOURCES = ("corpus", "synthetic", "local", "hub")
+TOKENIZERS = ("bytes", "model")
+RECOVERY_COMPONENTS = (
+    "model", "optimizer", "scheduler", "scaler", "rng_python", "rng_numpy",
+    "rng_torch_cpu", "rng_cuda", "data_position",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    source: str = "from_config"
+    """``hub`` (a repo in the local hub cache), ``local`` (a folder), ``from_config`` (no weights)."""
+    repo_id: str | None = None
+    """Hub repository id (``source = "hub"``)."""
+    revision: str | None = None
+    """Branch, tag or commit; resolved to a commit from the local cache. None: ``main``."""
+    path: str | None = None
+    """A local model folder (``source = "local"``); relative to the config file."""
+    architecture: str | None = None
+    """``gpt2`` or ``llama`` (``source = "from_config"``)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the transformers config (``source = "from_config"``)."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] | None = None
+    """Module names to adapt; None: peft's default for the architecture."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.0
+    """SGD only."""
+    fused: str = "auto"
+    """``auto`` (fused kernels on CUDA), ``on`` or ``off``."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    name: str = "constant"
+    warmup_steps: int = 0
+    """Linear LR warm-up steps (the schedule's, not the trial's timing warm-up)."""
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    dtype: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16``."""
+    autocast: bool = True
+    """True: fp32 weights, ``dtype`` compute under torch.autocast. False: weights stored in ``dtype``."""
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_seq_len: int = 128
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "corpus"
+    """``corpus`` (the shipped text), ``synthetic`` (seeded random tokens), ``local`` (text files),
+    ``hub`` (a dataset repo in the local hub cache)."""
+    tokenizer: str = "bytes"
+    """``bytes`` (byte-level, ids 0-255 plus end-of-text 256) or ``model`` (the model's tokenizer)."""
+    path: str | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+    text_field: str = "text"
+    """For .json/.jsonl files: the field holding the text."""
+    files: tuple[str, ...] = ("*.txt", "*.jsonl", "*.json")
+    """Glob patterns (relative to the folder or snapshot) of the files to read."""
+    validation_fraction: float = 0.1
+    synthetic_sequences: int = 256
+    """How many sequences the synthetic data set holds (training and validation together)."""
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    every_steps: int = 100
+    """The schedule a real run would follow (used to project cost); the trial times one pass."""
+    batches: int = 4
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    enabled: bool = True
+    every_steps: int = 0
+    """The schedule a real run would follow (0: only at the end); used to project cost."""
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    enabled: bool = True
+    save_at_step: int = 2
+    """k: the step after which the checkpoint is saved."""
+    total_steps: int = 4
+    """n: steps of the uninterrupted reference run."""
+    withhold: tuple[str, ...] = ()
+    """Components deliberately left out of the checkpoint (to show what breaks)."""
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    name: str
+    seed: int = 1234
+    method: str = "full"
+    device: str = "auto"
+    warmup_steps: int = 3
+    measured_steps: int = 20
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    source_text: str = ""
+    """The config file exactly as written (recorded as ``trial.config_toml``)."""
+    source: str = ""
+    """Where it came from: a path, or ``example:NAME``."""
+    base_dir: str = "."
+    """Folder that relative paths in the config are taken from."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch.micro_batch_size * self.batch.max_seq_len * self.batch.grad_accum
+
+    def with_overrides(self, **changes: Any) -> "TrialConfig":
+        """Apply command-line overrides (``method``, ``device``, ``warmup_steps``,
+        ``measured_steps``, ``micro_batch_size``, ``recovery_enabled``), checked like the file."""
+        cfg = self
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if key == "micro_batch_size":
+                _check_int(value, "--micro-batch", 1)
+                cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch_size=value))
+            elif key == "recovery_enabled":
+                cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, enabled=bool(value)))
+            elif key == "method":
+                _check_choice(value, "--method", METHODS)
+                cfg = dataclasses.replace(cfg, method=value)
+            elif key == "device":
+                _check_choice(value, "--device", DEVICES)
+                cfg = dataclasses.replace(cfg, device=value)
+            elif key in ("warmup_steps", "measured_steps"):
+                flag = "--warmup" if key == "warmup_steps" else "--steps"
+                _check_int(value, flag, 0 if key == "warmup_steps" else 1)
+                cfg = dataclasses.replace(cfg, **{key: value})
+            else:
+                raise ValueError(f"unknown override {key}")
+        return cfg
+
+    def resolve_path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _check_int(value: Any, key: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+
+
+def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
+
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "an array", dict: "a table"}
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+class _Table:
+    """One TOML table being read: typed getters that name the full key, then unknown-key check."""
+
+    def __init__(self, data: Any, path: str, hint: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: must be a table, got {_type_name(data)}", hint)
+        self.data, self.path, self.hint, self.used = data, path, hint, set()
+
+    def _key(self, name: str) -> str:
+        return f"{self.path}.{name}"
+
+    def err(self, name: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self._key(name)}: {msg}", self.hint)
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return default
+        value = self.data[name]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise self.err(name, f"must be {want}, got {_type_name(value)} {value!r}")
+        return value
+
+    def int(self, name: str, default: int, minimum: int | None = None) -> int:
+        value = self.get(name, int, default)
+        if minimum is not None and value < minimum:
+            raise self.err(name, f"must be >= {minimum}, got {value}")
+        return value
+
+    def positive(self, name: str, default: float) -> float:
+        value = self.get(name, float, default)
+        if not value > 0:
+            raise self.err(name, f"must be > 0, got {value:g}")
+        return value
+
+    def fraction(self, name: str, default: float, upper_open: bool = True) -> float:
+        value = self.get(name, float, default)
+        if not (0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0):
+            raise self.err(name, f"must be in [0, 1{')' if upper_open else ']'}, got {value:g}")
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.get(name, str, default)
+        if value not in choices:
+            near = difflib.get_close_matches(value, choices, n=1)
+            extra = f" (did you mean {near[0]!r}?)" if near else ""
+            raise self.err(name, f"must be one of {', '.join(choices)}, got {value!r}{extra}")
+        return value
+
+    def strings(self, name: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        value = self.get(name, list, None)
+        if value is None:
+            return default
+        if not all(isinstance(v, str) and v for v in value):
+            raise self.err(name, "must be an array of non-empty strings")
+        return tuple(value)
+
+    def table(self, name: str) -> "_Table":
+        self.used.add(name)
+        return _Table(self.data.get(name, {}), self._key(name), self.hint)
+
+    def done(self) -> None:
+        for key in self.data:
+            if key not in self.used:
+                near = difflib.get_close_matches(key, sorted(self.used), n=1, cutoff=0.6)
+                extra = f" (did you mean {near[0]}?)" if near else f"; known keys: {', '.join(sorted(self.used))}"
+                raise ConfigError(f"{self._key(key)}: unknown key{extra}", self.hint)
+
+
+def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
+    """Check and resolve a config text. Raises :class:`ConfigError` naming the key to fix."""
+    hint = f"fix it in {source}; docs/trial.md lists every key"
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+    extra = [k for k in doc if k != "trial"]
+    if extra:
+        near = difflib.get_close_matches(extra[0], ["trial"], n=1)
+        more = " (did you mean trial?)" if near else "; every key lives under [trial]"
+        raise ConfigError(f"{extra[0]}: unknown top-level key{more}", hint)
+    if "trial" not in doc:
+        raise ConfigError(f"{source}: no [trial] table", hint)
+    t = _Table(doc["trial"], "trial", hint)
+
+    name = t.get("name", str, default_name)
+    seed = t.int("seed", 1234, 0)
+    method = t.choice("method", METHODS, "full")
+    device = t.choice("device", DEVICES, "auto")
+    warmup = t.int("warmup_steps", 3, 0)
+    measured = t.int("measured_steps", 20, 1)
+
+    m = t.table("model")
+    model = ModelConfig(
+        source=m.choice("source", MODEL_SOURCES, "from_config"),
+        repo_id=m.get("repo_id", str, None), revision=m.get("revision", str, None),
+        path=m.get("path", str, None), architecture=m.get("architecture", str, None),
+        config=dict(m.get("config", dict, {})),
+    )
+    if model.source == "hub" and not model.repo_id:
+        raise m.err("repo_id", 'required when source = "hub" (e.g. "gpt2")')
+    if model.source == "local" and not model.path:
+        raise m.err("path", 'required when source = "local" (a folder with config.json and weights)')
+    if model.source == "from_config":
+        if model.architecture is None:
+            raise m.err("architecture", f'required when source = "from_config": one of {", ".join(ARCHITECTURES)}')
+        if model.architecture not in ARCHITECTURES:
+            m.used.add("architecture")
+            near = difflib.get_close_matches(model.architecture, ARCHITECTURES, n=1)
+            extra = f" (did you mean {near[0]!r}?)" if near else ""
+            raise m.err("architecture", f"must be one of {', '.join(ARCHITECTURES)}, got {model.architecture!r}{extra}")
+    for key, wrong in (("repo_id", "hub"), ("revision", "hub"), ("path", "local"), ("architecture", "from_config")):
+        if getattr(model, key) is not None and model.source != wrong:
+            raise m.err(key, f'only used when source = "{wrong}" (source is "{model.source}")')
+    if model.config and model.source != "from_config":
+        raise m.err("config", f'only used when source = "from_config" (source is "{model.source}")')
+    m.done()
+
+    lt = t.table("lora")
+    lora = LoraConfig(rank=lt.int("rank", 8, 1), alpha=lt.positive("alpha", 16.0),
+                      dropout=lt.fraction("dropout", 0.05), target_modules=lt.strings("target_modules", None))
+    lt.done()
+
+    o = t.table("optimizer")
+    opt_name = o.choice("name", OPTIMIZERS, "adamw")
+    betas = o.get("betas", list, [0.9, 0.999])
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
+        raise o.err("betas", f"must be two numbers in [0, 1), got {betas!r}")
+    fused = o.get("fused", (str, bool), "auto")
+    if isinstance(fused, bool):
+        fused = "on" if fused else "off"
+    if fused not in ("auto", "on", "off"):
+        raise o.err("fused", f'must be "auto", true or false, got {fused!r}')
+    optimizer = OptimizerConfig(
+        name=opt_name, lr=o.positive("lr", 3e-4), weight_decay=o.get("weight_decay", float, 0.0),
+        betas=(float(betas[0]), float(betas[1])), eps=o.positive("eps", 1e-8),
+        momentum=o.fraction("momentum", 0.0), fused=fused,
+    )
+    if optimizer.weight_decay < 0:
+        raise o.err("weight_decay", f"must be >= 0, got {optimizer.weight_decay:g}")
+    if optimizer.momentum and opt_name != "sgd":
+        raise o.err("momentum", f'only used with name = "sgd" (name is "{opt_name}")')
+    o.done()
+
+    s = t.table("scheduler")
+    scheduler = SchedulerConfig(name=s.choice("name", SCHEDULERS, "constant"), warmup_steps=s.int("warmup_steps", 0, 0))
+    s.done()
+
+    p = t.table("precision")
+    precision = PrecisionConfig(dtype=p.choice("dtype", DTYPES, "fp32"), autocast=p.get("autocast", bool, True))
+    p.done()
+
+    b = t.table("batch")
+    batch = BatchConfig(max_seq_len=b.int("max_seq_len", 128, 2), micro_batch_size=b.int("micro_batch_size", 8, 1),
+                        grad_accum=b.int("grad_accum", 1, 1))
+    b.done()
+
+    d = t.table("data")
+    data = DataConfig(
+        source=d.choice("source", DATA_SOURCES, "corpus"), tokenizer=d.choice("tokenizer", TOKENIZERS, "bytes"),
+        path=d.get("path", str, None), repo_id=d.get("repo_id", str, None), revision=d.get("revision", str, None),
+        text_field=d.get("text_field", str, "text"), files=d.strings("files", DataConfig.files) or DataConfig.files,
+        validation_fraction=d.fraction("validation_fraction", 0.1),
+        synthetic_sequences=d.int("synthetic_sequences", 256, 2),
+    )
+    if data.source == "local" and not data.path:
+        raise d.err("path", 'required when source = "local" (a folder or file of .txt/.jsonl/.json)')
+    if data.source == "hub" and not data.repo_id:
+        raise d.err("repo_id", 'required when source = "hub" (a dataset repo in the local hub cache)')
+    for key, wrong in (("path", "local"), ("repo_id", "hub"), ("revision", "hub")):
+        if getattr(data, key) is not None and data.source != wrong:
+            raise d.err(key, f'only used when source = "{wrong}" (source is "{data.source}")')
+    if data.tokenizer == "model" and data.source == "synthetic":
+        raise d.err("tokenizer", 'synthetic data needs no tokenizer; use tokenizer = "bytes" or leave it out')
+    if data.tokenizer == "model" and model.source == "from_config":
+        raise d.err("tokenizer", '"model" needs a model with a tokenizer (source = "hub" or "local"); use "bytes"')
+    d.done()
+
+    v = t.table("validation")
+    validation = ValidationConfig(every_steps=v.int("every_steps", 100, 1), batches=v.int("batches", 4, 1))
+    v.done()
+
+    c = t.table("checkpoint")
+    checkpoint = CheckpointConfig(enabled=c.get("enabled", bool, True), every_steps=c.int("every_steps", 0, 0))
+    c.done()
+
+    r = t.table("recovery")
+    withhold = r.strings("withhold", ()) or ()
+    for w in withhold:
+        if w not in RECOVERY_COMPONENTS:
+            near = difflib.get_close_matches(w, RECOVERY_COMPONENTS, n=1)
+            extra = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(RECOVERY_COMPONENTS)}"
+            raise r.err("withhold", f"unknown component {w!r}{extra}")
+    recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1),
+                              total_steps=r.int("total_steps", 4, 2), withhold=withhold)
+    if recovery.total_steps <= recovery.save_at_step:
+        raise r.err("total_steps", f"must be > save_at_step ({recovery.save_at_step}), got {recovery.total_steps}")
+    r.done()
+    t.done()
+
+    return TrialConfig(
+        name=name, seed=seed, method=method, device=device, warmup_steps=warmup, measured_steps=measured,
+        model=model, lora=lora, optimizer=optimizer, scheduler=scheduler, precision=precision, batch=batch,
+        data=data, validation=validation, checkpoint=checkpoint, recovery=recovery,
+        source_text=text, source=source, base_dir=str(base_dir),
+    )
+
+
+def load_config(path: str | Path) -> TrialConfig:
+    """Read and check a trial config file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file", "name a trial config .toml, or run `capture trial --example tiny`") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a folder, not a config file", "name a trial config .toml file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})", "check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 (byte {exc.start})", "save the config as UTF-8 text") from None
+    return parse(text, str(p), p.resolve().parent, p.stem)
+
+
+def example_names() -> list[str]:
+    folder = resources.files("capture.trial") / "examples"
+    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".toml"))
+
+
+def load_example(name: str) -> TrialConfig:
+    """One of the shipped examples (``tiny``, ``llama-1b``)."""
+    names = example_names()
+    if name not in names:
+        near = difflib.get_close_matches(name, names, n=1)
+        extra = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"--example: no example named {name!r}{extra}", f"shipped examples: {', '.join(names)}")
+    res = resources.files("capture.trial") / "examples" / f"{name}.toml"
+    text = res.read_text(encoding="utf-8")
+    return parse(text, f"example:{name}", Path("."), name)
+
