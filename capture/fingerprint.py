@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from capture.errors import CaptureError
-from capture.manifest import new_manifest
+from capture.manifest import new_manifest, to_toml_value
 from capture.probes import ProbeOptions, Skipped, as_table
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,10 @@ def _run_probe(section: str, module: str, func: str, options: ProbeOptions, rais
 
 
 def _table(result: Any) -> Any:
+    """The TOML-ready table: what a reader of the written manifest would get back."""
     if isinstance(result, list):
-        return [as_table(r) for r in result]
-    return as_table(result)
+        return [to_toml_value(as_table(r)) for r in result]
+    return to_toml_value(as_table(result))
 
 
 def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
