@@ -1,0 +1,95 @@
+"""The index of a results repository: ``index.json`` for programs, ``index.md`` for people.
+
+One row per pinned manifest (see :class:`capture.results.summary.RunSummary`), sorted by
+creation time then path, so that the file only grows at the end for runs pinned in order and
+a git diff of the index shows exactly the runs a commit added.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from capture.errors import ManifestError
+from capture.results.summary import fmt_number, human_bytes
+
+INDEX_JSON = "index.json"
+INDEX_MD = "index.md"
+INDEX_SCHEMA_VERSION = 1
+
+
+def load_rows(root: Path) -> list[dict[str, Any]]:
+    """Rows of ``root/index.json``; an absent index is an empty one."""
+    path = root / INDEX_JSON
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read the index ({exc})",
+                            "restore it from git (`git checkout -- index.json`) and pin again") from None
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):
+        raise ManifestError(f"{path}: not a capture index (expected {{\"runs\": [{{\"path\": ...}}, ...]}})",
+                            "restore it from git and pin again")
+    if doc.get("schema_version", 1) > INDEX_SCHEMA_VERSION:
+        raise ManifestError(f"{path}: index schema_version {doc['schema_version']} is newer than this capture",
+                            "upgrade capture to pin into this repository")
+    return runs
+
+
+def merge_rows(existing: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Existing rows plus new ones (a new row replaces one with the same path), in index order."""
+    by_path = {r["path"]: dict(r) for r in existing}
+    for r in new:
+        by_path[r["path"]] = dict(r)
+    return sorted(by_path.values(), key=lambda r: (str(r.get("created_utc", "")), r["path"]))
+
+
+def render_json(rows: list[dict[str, Any]]) -> bytes:
+    doc = {"schema_version": INDEX_SCHEMA_VERSION, "runs": rows}
+    return (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+_MD_COLUMNS = (
+    ("created (UTC)", lambda r: r.get("created_utc", "-")),
+    ("kind", lambda r: r.get("kind", "-")),
+    ("accelerator", lambda r: r.get("accelerator", "-")),
+    ("driver", lambda r: r.get("driver_version", "-")),
+    ("CUDA/ROCm", lambda r: f"{r['runtime']} {r.get('runtime_version', '')}".strip() if r.get("runtime") not in (None, "cpu") else "-"),
+    ("torch", lambda r: r.get("torch_version", "-")),
+    ("model@revision", lambda r: ", ".join(r.get("models") or ()) or "-"),
+    ("tokens/s", lambda r: fmt_number(r.get("tokens_per_s"))),
+    ("step median (s)", lambda r: fmt_number(r.get("step_time_median_s"))),
+    ("peak memory", lambda r: human_bytes(r.get("peak_memory_bytes"))),
+    ("recovery", lambda r: r.get("recovery_verdict", "-")),
+    ("cost / M tokens", lambda r: f"{fmt_number(r['cost_per_million_tokens'])} {r.get('currency', '')}".strip()
+     if r.get("cost_per_million_tokens") is not None else "-"),
+    ("signer", lambda r: r.get("signer", "-")),
+    ("manifest", lambda r: f"[{r['content_id']}]({r['path']})"),
+)
+
+
+def _cell(value: Any) -> str:
+    # Values come from manifests other people signed: keep them from breaking the table.
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(rows: list[dict[str, Any]]) -> bytes:
+    lines = [
+        "# Pinned runs",
+        "",
+        "Written by `capture pin`; do not edit by hand (index.json holds the same rows for programs).",
+        "Verify every manifest here with `capture verify .`.",
+        "",
+        "| " + " | ".join(name for name, _ in _MD_COLUMNS) + " |",
+        "|" + "|".join(" --- " for _ in _MD_COLUMNS) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(get(r)) for _, get in _MD_COLUMNS) + " |")
+    if not rows:
+        lines.append("")
+        lines.append("No runs pinned yet.")
+    return ("\n".join(lines) + "\n").encode("utf-8")

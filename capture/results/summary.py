@@ -1,0 +1,254 @@
+"""The facts about one run that the index, `show` and `compare` all present.
+
+Everything here reads a parsed manifest dict and never fails on a missing key: a fingerprint
+has no ``[trial]``, a skipped probe has only ``skipped = "..."``, and an older manifest may lack
+a figure. Missing values stay ``None`` and are shown as "-" / left out of JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CONTENT_ID_HEX = 12
+
+
+def content_id(raw: bytes) -> str:
+    """The short content id of a manifest file: the first 12 hex digits of sha256(bytes)."""
+    return hashlib.sha256(raw).hexdigest()[:CONTENT_ID_HEX]
+
+
+def dig(data: Any, dotted: str) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"``, or None where any step is missing or not a table."""
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _first(data: Mapping[str, Any], *paths: str) -> tuple[Any, str | None]:
+    for p in paths:
+        v = dig(data, p)
+        if v is not None:
+            return v, p
+    return None, None
+
+
+def artifact_refs(data: Mapping[str, Any], section: str) -> tuple[str, ...]:
+    """``repo@revision`` for each model or dataset; the resolved commit wins over a branch name."""
+    out = []
+    for item in data.get(section) or ():
+        if not isinstance(item, Mapping) or "skipped" in item and len(item) == 1:
+            continue
+        name = item.get("repo_id") or item.get("spec") or item.get("path") or "?"
+        rev = item.get("commit") or item.get("revision")
+        if isinstance(rev, str) and re.fullmatch(r"[0-9a-f]{40}", rev):
+            rev = rev[:12]
+        out.append(f"{name}@{rev}" if rev else str(name))
+    return tuple(out)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def accelerator_slug(data: Mapping[str, Any]) -> str:
+    """The folder a run is filed under: ``nvidia-h200-x1``, ``amd-instinct-mi300x-x8``, ``cpu``."""
+    acc = data.get("accelerator")
+    if not isinstance(acc, Mapping):
+        return "unknown-accelerator"
+    vendor = str(acc.get("vendor") or "")
+    model = str(acc.get("model") or "")
+    count = acc.get("count")
+    if vendor in ("", "none") or model.lower() == "cpu" or not count:
+        return "cpu"
+    name = slug(model)
+    if vendor and not name.startswith(slug(vendor)):
+        name = f"{slug(vendor)}-{name}"
+    return f"{name[:60].rstrip('-')}-x{int(count)}"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Key trial figures (``None``: not measured in this run)."""
+
+    tokens_per_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_source: str | None = None
+    """Which measurement ``peak_memory_bytes`` is: device total, allocator reserved or allocated."""
+    mfu: float | None = None
+    checkpoint_write_s: float | None = None
+    cost_per_million_tokens: float | None = None
+    currency: str | None = None
+    recovery_verdict: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in dataclasses.asdict(self).values())
+
+
+# Where each figure lives in [trial] (docs/architecture.md and capture/trial/runner.py). The
+# first path present wins; device-wide memory beats the allocator's view because the allocator
+# never sees the CUDA context (~651 MB on the H200).
+FIGURE_PATHS: dict[str, tuple[str, ...]] = {
+    "tokens_per_s": ("trial.stats.tokens_per_s",),
+    "step_time_median_s": ("trial.stats.step_time_median_s",),
+    "step_time_p90_s": ("trial.stats.step_time_p90_s",),
+    "peak_memory_bytes": (
+        "trial.memory.measured.device_used_bytes",
+        "trial.memory.measured.peak_reserved_bytes",
+        "trial.memory.measured.peak_allocated_bytes",
+    ),
+    "mfu": ("trial.stats.mfu",),
+    "checkpoint_write_s": ("trial.checkpoint.write_s", "trial.checkpoint.write_time_s",
+                           "trial.checkpoint.duration_s"),
+    "cost_per_million_tokens": ("trial.cost.cost_per_million_tokens", "trial.cost.per_million_tokens"),
+    "currency": ("trial.cost.currency",),
+    "recovery_verdict": ("trial.recovery.verdict",),
+}
+
+
+def figures(data: Mapping[str, Any]) -> Figures:
+    values: dict[str, Any] = {}
+    for name, paths in FIGURE_PATHS.items():
+        v, where = _first(data, *paths)
+        if name in ("currency", "recovery_verdict"):
+            values[name] = v if isinstance(v, str) else None
+            continue
+        v = _number(v)
+        values[name] = v
+        if name == "peak_memory_bytes" and v is not None and where:
+            values["peak_memory_source"] = where.rsplit(".", 1)[1].removesuffix("_bytes")
+    return Figures(**values)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One row of the index; what `show` prints first."""
+
+    content_id: str
+    sha256: str
+    kind: str | None
+    created_utc: str | None
+    accelerator: str
+    """``NVIDIA H200 x1`` or ``cpu``."""
+    accelerator_slug: str
+    vendor: str | None
+    model: str | None
+    count: int | None
+    memory_per_device_bytes: int | None
+    driver_version: str | None
+    runtime: str | None
+    """``cuda``, ``rocm`` or ``cpu``."""
+    runtime_version: str | None
+    torch_version: str | None
+    cudnn_version: str | None
+    nccl_version: str | None
+    python_version: str | None
+    package_count: int | None
+    code_commit: str | None
+    code_dirty: bool | None
+    image: str | None
+    models: tuple[str, ...]
+    datasets: tuple[str, ...]
+    figures: Figures
+    path: str | None = None
+    signer: str | None = None
+    signer_fingerprint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Flat JSON object; unknown values are left out rather than written as null."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "figures":
+                out.update({k: x for k, x in dataclasses.asdict(v).items() if x is not None})
+            elif isinstance(v, tuple):
+                out[f.name] = list(v)
+            elif v is not None:
+                out[f.name] = v
+        return out
+
+
+def summarize(data: Mapping[str, Any], raw: bytes, path: str | None = None,
+              signer: str | None = None, signer_fingerprint: str | None = None) -> RunSummary:
+    """Summarise a parsed manifest; ``raw`` is the whole file (its hash is the content id)."""
+    acc = data.get("accelerator") if isinstance(data.get("accelerator"), Mapping) else {}
+    fw = data.get("framework") if isinstance(data.get("framework"), Mapping) else {}
+    vendor = acc.get("vendor")
+    model = acc.get("model")
+    count = acc.get("count") if isinstance(acc.get("count"), int) else None
+    if vendor in (None, "none") or not count:
+        label = "cpu"
+    else:
+        label = f"{model} x{count}"
+    packages = dig(data, "python.packages")
+    commit = dig(data, "code.commit")
+    image = dig(data, "container.image_ref") or dig(data, "container.image_id")
+    return RunSummary(
+        content_id=content_id(raw),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        kind=data.get("kind"),
+        created_utc=data.get("created_utc"),
+        accelerator=label,
+        accelerator_slug=accelerator_slug(data),
+        vendor=vendor,
+        model=model,
+        count=count,
+        memory_per_device_bytes=_number(acc.get("memory_per_device_bytes")),
+        driver_version=acc.get("driver_version") or dig(data, "nvidia.driver_version") or dig(data, "amd.driver_version"),
+        runtime=acc.get("runtime"),
+        runtime_version=acc.get("runtime_version"),
+        torch_version=fw.get("version") if fw.get("name", "torch") == "torch" else None,
+        cudnn_version=_str(fw.get("cudnn_version")),
+        nccl_version=_str(fw.get("nccl_version") or fw.get("rccl_version")),
+        python_version=dig(data, "python.version"),
+        package_count=len(packages) if isinstance(packages, Mapping) else None,
+        code_commit=commit[:12] if isinstance(commit, str) else None,
+        code_dirty=dig(data, "code.dirty") if isinstance(dig(data, "code.dirty"), bool) else None,
+        image=image if isinstance(image, str) else None,
+        models=artifact_refs(data, "models"),
+        datasets=artifact_refs(data, "datasets"),
+        figures=figures(data),
+        path=path,
+        signer=signer,
+        signer_fingerprint=signer_fingerprint,
+    )
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    x = float(n)
+    for unit in units:
+        if abs(x) < 1024 or unit == units[-1]:
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"
+
+
+def fmt_number(v: float | int | None, digits: int = 3) -> str:
+    """A figure for people: 64113, 0.256, 0.332; "-" for not measured."""
+    if v is None:
+        return "-"
+    if isinstance(v, int) or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
