@@ -208,9 +208,18 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise KeyError_(f"{path}: cannot load the private key ({str(exc).rstrip('.')})", _KEYGEN_HINT) from None
     if not isinstance(key, Ed25519PrivateKey):
-        kind = type(key).__name__.replace("_", "").removesuffix("PrivateKey") or "unknown"
-        raise KeyError_(f"{path}: is a {kind} key; capture signs with Ed25519 keys only", _KEYGEN_HINT)
+        raise KeyError_(f"{path}: holds {_key_kind(key)} key; capture signs with Ed25519 keys only", _KEYGEN_HINT)
     return key
+
+
+def _key_kind(key: object) -> str:
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
+
+    for cls, name in ((rsa.RSAPrivateKey, "an RSA"), (ec.EllipticCurvePrivateKey, "an ECDSA"),
+                      (dsa.DSAPrivateKey, "a DSA"), (ed448.Ed448PrivateKey, "an Ed448")):
+        if isinstance(key, cls):
+            return name
+    return f"a {type(key).__name__}"
 
 
 def _passphrase_error(path: Path) -> KeyError_:
@@ -381,23 +390,26 @@ def _toml_string(value: str) -> str:
     return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
 
 
-def make_trailer(body: bytes, key: Ed25519PrivateKey, principal: str) -> bytes:
-    """The ``[signature]`` table for ``body`` (which must end with a newline)."""
-    if not body.endswith(b"\n"):
-        raise ValueError("the body must end with a newline before the [signature] line")
-    _check_principal(principal)
-    armored = sshsig_sign(body, key, NAMESPACE)
+def _render_trailer(principal: str, public_key: str, armored: str) -> bytes:
     lines = [
         manifest.TRAILER_LINE.decode(),
         f'format = "{FORMAT}"',
         f"namespace = {_toml_string(NAMESPACE)}",
         f"principal = {_toml_string(principal)}",
-        f"public_key = {_toml_string(public_key_line(key))}",
+        f"public_key = {_toml_string(public_key)}",
         # A multi-line basic string: TOML drops the newline right after the opening quotes, so the
         # value is exactly the armored block; base64 and the armor lines need no escaping.
         f'signature = """\n{armored}"""',
     ]
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def make_trailer(body: bytes, key: Ed25519PrivateKey, principal: str) -> bytes:
+    """The ``[signature]`` table for ``body`` (which must end with a newline)."""
+    if not body.endswith(b"\n"):
+        raise ValueError("the body must end with a newline before the [signature] line")
+    _check_principal(principal)
+    return _render_trailer(principal, public_key_line(key), sshsig_sign(body, key, NAMESPACE))
 
 
 def _check_principal(principal: str) -> None:
@@ -740,19 +752,24 @@ def verify_signed_bytes(raw: bytes, allowed: AllowedSigners | None, source: str)
     if fields["namespace"] != NAMESPACE:
         raise SignatureError(f"{source}: signature namespace {fields['namespace']!r} is not {NAMESPACE!r}",
                              f"re-sign with `capture sign {source} --key KEY`")
-    # (4) PROTOCOL.sshsig verification: MAGIC, version, namespace, hash algorithm, then the
+    # (4) the trailer is byte for byte what capture writes for these values, so no byte of the
+    #     file (not even a comment or blank line after the table) is outside the signature's reach
+    if _render_trailer(fields["principal"], fields["public_key"], fields["signature"]) != trailer:
+        raise SignatureError(f"{source}: the [signature] table was altered (extra lines, comments or spacing)",
+                             f"re-sign with `capture sign {source} --key KEY`")
+    # (5) PROTOCOL.sshsig verification: MAGIC, version, namespace, hash algorithm, then the
     #     Ed25519 signature over MAGIC || namespace || reserved || hash_alg || H(BODY)
     try:
         signer = sshsig_verify(body, fields["signature"], NAMESPACE)
     except SignatureError as exc:
         raise SignatureError(f"{source}: {exc.message}", exc.hint) from None
-    # (5) the key named in the trailer is the key inside the signature
+    # (6) the key named in the trailer is the key inside the signature
     if fields["public_key"].strip() != signer:
         raise SignatureError(f"{source}: public_key in [signature] is not the key that made the signature",
                              "the trailer was edited; re-sign the manifest")
     principal = fields["principal"]
     info = SignatureInfo(principal, signer, fingerprint(signer), NAMESPACE, allowed.path if allowed else None)
-    # (6) trust: the allowed-signers file must list this principal with this key for this namespace
+    # (7) trust: the allowed-signers file must list this principal with this key for this namespace
     if allowed is None:
         raise TrustError(f"{source}: signature valid ({principal}, {info.fingerprint}) but no allowed-signers file was found",
                          "pass --allowed-signers FILE or set $CAPTURE_ALLOWED_SIGNERS")
