@@ -1,0 +1,189 @@
+"""Framework probe: the real CPU torch (file-only and deep), and fabricated CUDA / ROCm wheel trees."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from capture import manifest
+from capture.probes import ProbeOptions, Skipped
+from capture.probes import framework
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = json.loads((FIXTURES / "h200" / "probe.json").read_text())["torch"]
+
+
+def touch(path: Path, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def dist(site: Path, folder: str, name: str, version: str) -> None:
+    touch(site / folder / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def torch_tree(site: Path, version_py: str) -> Path:
+    shutil.copy(FIXTURES / "framework" / version_py, touch(site / "torch" / "version.py"))
+    touch(site / "torch" / "__init__.py", "raise RuntimeError('the probe must not import torch')\n")
+    return site
+
+
+def test_real_cpu_torch_without_importing_it() -> None:
+    code = textwrap.dedent("""
+        import json, sys
+        from capture.probes import ProbeOptions, framework
+        info = framework.probe(ProbeOptions())
+        print(json.dumps({"imported": "torch" in sys.modules, "table": info.to_manifest()}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["imported"] is False
+    table = result["table"]
+    assert table["version"] == importlib.metadata.version("torch")
+    assert table["version"].endswith("+cpu")
+    assert table["source"] == "metadata"
+    assert table["cuda_version"] is None and table["hip_version"] is None
+    assert len(table["git_version"]) == 40
+    assert table["deep_only"] is None  # a CPU build has no GPU libraries to ask about
+
+
+def test_real_cpu_torch_deep_reports_what_loaded() -> None:
+    info = framework.probe(ProbeOptions(deep=True))
+    assert isinstance(info, framework.FrameworkInfo)
+    loaded = info.loaded
+    assert loaded is not None and loaded.error is None
+    assert loaded.version == info.version
+    assert loaded.cuda_version is None and loaded.hip_version is None
+    assert loaded.accelerator_available is False and loaded.device_count == 0
+    assert loaded.arch_list == ()
+    assert loaded.config and loaded.config[0] == "PyTorch built with:"
+    assert any(line.startswith("- Build settings:") and "USE_CUDA=0" in line for line in loaded.config)
+    assert loaded.import_time_s and loaded.import_time_s > 0
+    body = manifest.dumps({**manifest.new_manifest(), "framework": info.to_manifest()})
+    assert b"[framework.loaded]" in body
+
+
+def test_cuda_wheel_tree_like_the_h200(tmp_path: Path) -> None:
+    site = torch_tree(tmp_path / "site", "torch-2.11.0+cu130-version.py")
+    touch(site / "torch/lib/libtorch_cuda.so")
+    dist(site, "nvidia_cudnn_cu13-9.19.0.56.dist-info", "nvidia-cudnn-cu13", "9.19.0.56")
+    dist(site, "nvidia_nccl_cu13-2.28.9.dist-info", "nvidia-nccl-cu13", "2.28.9")
+    touch(site / "nvidia/cudnn/lib/libcudnn.so.9")
+    touch(site / "nvidia/nccl/lib/libnccl.so.2")
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert (info.version, info.cuda_version, info.git_version) == (H200["version"], H200["cuda"], H200["git"])
+    assert info.hip_version is None
+    assert info.cudnn_version == "9.19.0.56"
+    assert info.nccl_version == H200["nccl"]
+    assert info.origins == {"cudnn_version": "dist:nvidia-cudnn-cu13", "nccl_version": "dist:nvidia-nccl-cu13"}
+    assert info.libraries == {"cudnn": "nvidia/cudnn/lib/libcudnn.so.9", "nccl": "nvidia/nccl/lib/libnccl.so.2"}
+    assert info.deep_only == ("arch_list",)
+    table = manifest.to_toml_value(info.to_manifest())
+    assert table["name"] == "torch" and "arch_list" not in table and "loaded" not in table
+
+
+def test_versions_from_library_file_names_when_no_dists(tmp_path: Path) -> None:
+    site = torch_tree(tmp_path / "site", "torch-2.11.0+cu130-version.py")
+    touch(site / "torch/lib/libcudnn.so.8")
+    touch(site / "torch/lib/libcudnn.so.8.9.5")
+    touch(site / "torch/lib/libnccl.so.2")
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert info.cudnn_version == "8.9.5"
+    assert info.origins["cudnn_version"] == "file:torch/lib/libcudnn.so.8.9.5"
+    assert info.nccl_version is None  # libnccl.so.2 names only the major
+    assert info.libraries["nccl"] == "torch/lib/libnccl.so.2"
+    assert info.deep_only == ("arch_list", "nccl_version")
+
+
+def test_rocm_wheel_tree(tmp_path: Path) -> None:
+    site = torch_tree(tmp_path / "site", "torch-2.6.0.dev20240918+rocm6.2-version.py")
+    for lib in ("libMIOpen.so", "librccl.so", "libamdhip64.so", "libtorch_hip.so"):
+        touch(site / "torch/lib" / lib)
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert info.version == "2.6.0.dev20240918+rocm6.2"
+    assert info.hip_version == "6.2.41133-dd7f95766"
+    assert info.cuda_version is None and info.cudnn_version is None
+    assert info.libraries == {"miopen": "torch/lib/libMIOpen.so", "rccl": "torch/lib/librccl.so"}
+    assert info.deep_only == ("arch_list", "miopen_version", "rccl_version")
+
+
+def test_no_torch_is_skipped(tmp_path: Path) -> None:
+    assert framework.probe(ProbeOptions(), path=[str(tmp_path)]) == Skipped("torch is not installed")
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("__version__ = (\n", "cannot read"),
+    ("version = '1.0'\n", "has no __version__"),
+])
+def test_broken_version_py_is_skipped(tmp_path: Path, text: str, reason: str) -> None:
+    touch(tmp_path / "torch/__init__.py")
+    touch(tmp_path / "torch/version.py", text)
+    result = framework.probe(ProbeOptions(), path=[str(tmp_path)])
+    assert isinstance(result, Skipped) and reason in result.reason
+
+
+def test_version_py_is_parsed_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    touch(tmp_path / "torch/__init__.py")
+    touch(tmp_path / "torch/version.py",
+          f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n__version__ = '9.9.9'\ncuda = make_cuda()\n")
+    info = framework.probe(ProbeOptions(), path=[str(tmp_path)])
+    assert isinstance(info, framework.FrameworkInfo) and info.version == "9.9.9"
+    assert info.cuda_version is None
+    assert not marker.exists()
+
+
+def test_loaded_values_as_the_h200_reported_them() -> None:
+    loaded = framework.loaded_from_json({
+        "version": H200["version"], "cuda_version": H200["cuda"], "hip_version": None,
+        "cudnn": H200["cudnn"], "nccl": H200["nccl"], "arch_list": H200["arch_list"],
+        "accelerator_available": True, "device_count": 1, "device_names": [H200["device"]]})
+    assert loaded.cudnn_version == "9.19.0" and loaded.cudnn_version_int == 91900
+    assert loaded.nccl_version == "2.28.9" and loaded.rccl_version is None
+    assert loaded.arch_list == ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+    assert loaded.device_names == ("NVIDIA H200",)
+
+
+def test_loaded_values_on_rocm_map_to_miopen_and_rccl() -> None:
+    loaded = framework.loaded_from_json({"version": "2.6.0", "hip_version": "6.2.41133-dd7f95766",
+                                         "cudnn": 3002000, "nccl": "2.20.5"})
+    assert (loaded.miopen_version, loaded.rccl_version) == ("3.2.0", "2.20.5")
+    assert loaded.cudnn_version is None and loaded.nccl_version is None
+
+
+@pytest.mark.parametrize(("value", "text"), [(91900, "9.19.0"), (90100, "9.1.0"), (8905, "8.9.5"), (8600, "8.6.0")])
+def test_decode_cudnn(value: int, text: str) -> None:
+    assert framework.decode_cudnn(value) == text
+
+
+def fake_python(tmp_path: Path, torch_init: str) -> str:
+    """A wrapper interpreter whose `import torch` finds ``torch_init`` first."""
+    touch(tmp_path / "fake" / "torch" / "__init__.py", textwrap.dedent(torch_init))
+    script = touch(tmp_path / "python", f"#!/bin/sh\nPYTHONPATH={tmp_path / 'fake'} exec {sys.executable} \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_deep_probe_reports_a_failing_import(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "raise ImportError('libcudnn.so.9: cannot open shared object file')\n")
+    loaded = framework.deep_probe(python)
+    assert loaded.version is None
+    assert loaded.error is not None and "libcudnn.so.9: cannot open shared object file" in loaded.error
+    assert loaded.error.startswith("import torch failed (exit 1)")
+
+
+def test_deep_probe_times_out(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "import time\ntime.sleep(30)\n")
+    loaded = framework.deep_probe(python, timeout_s=1)
+    assert loaded.error == "import torch did not finish within 1 s"
