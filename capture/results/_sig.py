@@ -67,8 +67,13 @@ def signature_status(raw: bytes, source: str, allowed_signers: str | os.PathLike
     try:
         info, _ = signing.verify_signed_bytes(raw, allowed, source)
     except TrustError as exc:
-        return SignatureStatus("untrusted", exc.message, allowed_signers=str(found) if found else None)
+        return SignatureStatus("untrusted", _short(exc.message, source), allowed_signers=str(found) if found else None)
     except SignatureError as exc:
-        return SignatureStatus("invalid", exc.message)
+        return SignatureStatus("invalid", _short(exc.message, source))
     return SignatureStatus("trusted", None, info.principal, info.fingerprint,
                            str(found) if found else None)
+
+
+def _short(message: str, source: str) -> str:
+    """Messages start with the file name, which the caller already shows."""
+    return message.removeprefix(f"{source}: ")

@@ -2,7 +2,8 @@
 
 Layout of a results repository (a git work tree, or a folder inside one)::
 
-    .capture/allowed_signers          who may pin here (the ONLY trust source pin uses)
+    .capture/allowed_signers          who may pin here (the ONLY trust source pin uses;
+                                      ``allowed_signers`` at the root is accepted instead)
     .capture/results.toml             optional: layout = 1
     index.json, index.md              one row per pinned run
     <accelerator-slug>/<YYYY-MM-DD>/<content id>.toml
@@ -47,7 +48,8 @@ from capture.results.summary import RunSummary, fmt_number, summarize
 
 log = logging.getLogger(__name__)
 
-ALLOWED_SIGNERS = PurePosixPath(".capture/allowed_signers")
+TRUST_FILES = (PurePosixPath(".capture/allowed_signers"), PurePosixPath("allowed_signers"))
+"""Where a results repository keeps its trusted signers (exactly one of them may exist)."""
 CONFIG = PurePosixPath(".capture/results.toml")
 LAYOUT_VERSION = 1
 _TEST_HOOK = "_CAPTURE_TEST_PIN_HOOK"
@@ -169,15 +171,21 @@ def _check_layout(root: Path) -> None:
 
 
 def _trust_file(repo, root: Path, rel_root: str) -> Path:
-    path = root / ALLOWED_SIGNERS
-    if not path.is_file():
+    """The repository's own allowed-signers file, never the user's personal one."""
+    present = [c for c in TRUST_FILES if (root / c).is_file()]
+    if not present:
+        path = root / TRUST_FILES[0]
         raise TrustError(
             f"{path}: no allowed-signers file, so no signer is trusted in this results repository",
             f"add `PRINCIPAL ssh-ed25519 AAAA...` lines (the public key from `capture keygen`) to {path} and commit it")
-    rel = (PurePosixPath(rel_root) / ALLOWED_SIGNERS).as_posix() if rel_root else ALLOWED_SIGNERS.as_posix()
+    if len(present) > 1:
+        raise UsageError(f"{root}: both {TRUST_FILES[0]} and {TRUST_FILES[1]} exist; which signers are trusted is ambiguous",
+                         "keep one allowed-signers file in the results repository and commit the removal of the other")
+    path = root / present[0]
+    rel = (PurePosixPath(rel_root) / present[0]).as_posix() if rel_root else present[0].as_posix()
     if _head(repo) is None or not _git(repo, "ls-files", "--", rel).strip():
         raise TrustError(f"{path}: the allowed-signers file is not committed",
-                         f"commit it first: `git -C {root} add {ALLOWED_SIGNERS} && git -C {root} commit -m 'trust signers'`")
+                         f"commit it first: `git -C {root} add {present[0]} && git -C {root} commit -m 'trust signers'`")
     return path
 
 
@@ -347,6 +355,10 @@ def _publish(repo, top: Path, git_dir: Path, plan: _Plan, entries: list[str], ol
         _hook("after-update-ref")
         os.replace(new_index, lock)
         os.replace(lock, git_dir / "index")
+    except OSError as exc:
+        _undo(repo, written, previous, made_dirs, head_moved, old, commit)
+        raise UsageError(f"{top}: pin failed while writing ({exc}); the repository was left as it was",
+                         "check free space and permissions in the results repository, then pin again") from None
     except BaseException:
         _undo(repo, written, previous, made_dirs, head_moved, old, commit)
         raise

@@ -114,7 +114,7 @@ FIGURE_PATHS: dict[str, tuple[str, ...]] = {
     ),
     "mfu": ("trial.stats.mfu",),
     "checkpoint_write_s": ("trial.checkpoint.write_s", "trial.checkpoint.write_time_s",
-                           "trial.checkpoint.duration_s"),
+                           "trial.checkpoint.duration_s", "trial.recovery.checkpoint_write_s"),
     "cost_per_million_tokens": ("trial.cost.cost_per_million_tokens", "trial.cost.per_million_tokens"),
     "currency": ("trial.cost.currency",),
     "recovery_verdict": ("trial.recovery.verdict",),

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from capture.errors import (EXIT_DRIFT, EXIT_MALFORMED, EXIT_OK, EXIT_SIGNATURE, CaptureError,
                             ManifestError, SignatureError, TrustError, UsageError)
 from capture.manifest import parse_body, read_bytes, split_signed
-from capture.results._sig import load_allowed
+from capture.results._sig import _short, load_allowed
 
 STATUSES = ("OK", "DRIFT", "MALFORMED", "UNSIGNED", "UNTRUSTED", "INVALID", "ERROR")
 _SEVERITY = {EXIT_SIGNATURE: 4, EXIT_MALFORMED: 3, EXIT_DRIFT: 1, EXIT_OK: 0}
@@ -137,11 +137,6 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
             out.append(p)
     seen: set[str] = set()
     return [f for f in out if not (f in seen or seen.add(f))]
-
-
-def _short(message: str, path: str) -> str:
-    """Error messages start with the file name; the line already shows it."""
-    return message.removeprefix(f"{path}: ")
 
 
 class _Checker:

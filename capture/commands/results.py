@@ -1,0 +1,106 @@
+"""Results-repository commands: pin, compare, show, export. (`verify DIR` lives in core.py and
+calls :func:`capture.results.tree.verify_paths`.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from capture.errors import EXIT_OK, UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pin", help="verify signed manifests, then commit them into a results repository")
+    p.add_argument("files", nargs="+", metavar="FILE", help="signed manifest(s) to pin")
+    p.add_argument("--repo", required=True, metavar="DIR",
+                   help="the results repository (a git work tree, or a folder in one) with .capture/allowed_signers")
+    p.add_argument("-m", "--message", metavar="M", help="commit subject (default: a summary of the run)")
+    p.add_argument("--tag", action="store_true", help="also create an annotated tag run/<content id> per new run")
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    p.set_defaults(func=cmd_pin)
+
+    p = sub.add_parser("compare", help="two runs side by side: stack differences, then trial figures")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file for the trust header")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("show", help="a readable summary of one manifest")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file for the trust line")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("export", help="a manifest as an in-toto attestation (DSSE), or the public key as PEM")
+    p.add_argument("file", nargs="?", metavar="FILE", help="the manifest (not needed for --format pubkey-pem)")
+    p.add_argument("--format", required=True, choices=("in-toto", "pubkey-pem"),
+                   help="in-toto: Statement v1 in a DSSE envelope; pubkey-pem: the key's public half for verifiers")
+    p.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key (private for in-toto; .pub is enough for pubkey-pem)")
+    p.add_argument("-o", "--output", metavar="OUT", help="write here (atomically) instead of stdout")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from capture.results.pin import pin
+
+    result = pin(args.files, args.repo, message=args.message, tag=args.tag)
+    if args.json:
+        sys.stdout.write(json.dumps({
+            "commit": result.commit, "tags": list(result.tags),
+            "runs": [{"source": r.source, "path": r.path, "content_id": r.summary.content_id,
+                      "already_pinned": r.already_pinned} for r in result.runs],
+        }, indent=2) + "\n")
+        return EXIT_OK
+    for r in result.runs:
+        state = "already pinned" if r.already_pinned else "pinned"
+        sys.stdout.write(f"{state:<15} {r.path}  ({r.source})\n")
+    if result.commit:
+        sys.stdout.write(f"commit {result.commit[:12]} in {args.repo}" +
+                         (f", tag {', '.join(result.tags)}" if result.tags else "") + "\n")
+    else:
+        sys.stderr.write("nothing new to commit\n")
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from capture.results.compare import compare_files, render
+
+    c = compare_files(args.a, args.b, args.allowed_signers)
+    if args.json:
+        sys.stdout.write(json.dumps(c.to_json(), indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(render(c) + "\n")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from capture.results.show import load, render
+
+    shown = load(args.file, args.allowed_signers)
+    if args.json:
+        sys.stdout.write(json.dumps(shown.to_json(), indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(render(shown) + "\n")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from capture._atomic import atomic_write
+    from capture.results import intoto
+
+    if args.format == "pubkey-pem":
+        if args.file:
+            raise UsageError("--format pubkey-pem takes no FILE", "run `capture export --format pubkey-pem --key KEYFILE`")
+        data = intoto.public_key_pem(args.key)
+    else:
+        if not args.file:
+            raise UsageError("--format in-toto needs the manifest FILE", "run `capture export FILE --format in-toto --key KEYFILE`")
+        data = intoto.export_intoto(args.file, args.key)
+    if args.output:
+        atomic_write(args.output, data)
+        sys.stderr.write(f"wrote {args.output}\n")
+    else:
+        sys.stdout.write(data.decode("utf-8"))
+    return EXIT_OK

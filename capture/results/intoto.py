@@ -1,0 +1,149 @@
+"""`capture export --format in-toto`: a manifest as an in-toto Statement v1 in a DSSE envelope.
+
+So that supply-chain tools (in-toto, securesystemslib, ``cosign verify-blob-attestation``) can
+consume a result without knowing our TOML trailer:
+
+- Statement: ``_type`` https://in-toto.io/Statement/v1; one subject, the manifest file (its name
+  and the sha256 of its exact bytes); ``predicateType`` :data:`PREDICATE_TYPE`; ``predicate``
+  the manifest's content as JSON (the body's tables, plus the ``signature`` table when signed).
+- Envelope (DSSE v1): ``payloadType`` application/vnd.in-toto+json, ``payload`` base64 of the
+  statement's JSON bytes, one signature: Ed25519 over ``PAE(payloadType, payload)`` with the same
+  key that signs manifests; ``keyid`` is its OpenSSH fingerprint (``SHA256:...``).
+
+Verifiers need the public key as PEM (SubjectPublicKeyInfo): ``--format pubkey-pem``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from capture.errors import KeyError_, SignatureError, TrustError
+from capture.manifest import parse_body, parse_trailer, read_bytes, split_signed
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+PREDICATE_TYPE = "https://capture.dev/manifest/v1"
+"""Identifies the predicate as a capture manifest, schema version 1 (an identifier, not a URL to fetch)."""
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 Pre-Authentication Encoding: ``"DSSEv1" SP LEN(type) SP type SP LEN(body) SP body``."""
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    return value
+
+
+def statement(raw: bytes, name: str, source: str = "manifest") -> dict[str, Any]:
+    """The in-toto Statement for the manifest bytes ``raw`` stored under file name ``name``.
+
+    A signed manifest must carry a valid signature (its signer need not be trusted here: the
+    envelope's own signature says who attests); a tampered one is refused (exit 4).
+    """
+    from capture import signing
+
+    body, trailer = split_signed(raw)
+    if trailer is not None:
+        try:
+            signing.verify_signed_bytes(raw, signing.AllowedSigners.empty(), source)
+        except TrustError:
+            pass  # valid signature by a signer nobody was asked to trust: fine for an export
+    predicate = _jsonable(parse_body(body, source))
+    if trailer is not None:
+        predicate["signature"] = parse_trailer(trailer, source)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": name, "digest": {"sha256": hashlib.sha256(raw).hexdigest()}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": predicate,
+    }
+
+
+def _public(key: Ed25519PrivateKey | Ed25519PublicKey) -> Ed25519PublicKey:
+    return key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+
+
+def keyid(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    from capture.signing import fingerprint, public_key_line
+    return fingerprint(public_key_line(_public(key)))
+
+
+def envelope(payload: bytes, key: Ed25519PrivateKey, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
+    return {
+        "payloadType": payload_type,
+        "payload": base64.b64encode(payload).decode("ascii"),
+        "signatures": [{"keyid": keyid(key), "sig": base64.b64encode(key.sign(pae(payload_type, payload))).decode("ascii")}],
+    }
+
+
+def export_intoto(path: str | os.PathLike[str], key_path: str | os.PathLike[str]) -> bytes:
+    """The DSSE envelope (JSON bytes, newline-terminated) attesting the manifest at ``path``."""
+    from capture.signing import load_private_key
+
+    key = load_private_key(key_path)
+    raw = read_bytes(path)
+    stmt = statement(raw, Path(path).name, str(path))
+    payload = json.dumps(stmt, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return (json.dumps(envelope(payload, key), indent=2) + "\n").encode("utf-8")
+
+
+def load_public_key(key_path: str | os.PathLike[str]) -> Ed25519PublicKey:
+    """An Ed25519 public key from a private key file or its ``.pub`` (``ssh-ed25519 AAAA...``)."""
+    from capture.signing import load_private_key
+
+    p = Path(key_path)
+    try:
+        first_line = p.read_bytes().split(b"\n", 1)[0].strip()
+    except OSError:
+        first_line = b""  # load_private_key below names the problem
+    if first_line.startswith(b"ssh-"):
+        try:
+            key = serialization.load_ssh_public_key(first_line)
+        except (ValueError, UnsupportedAlgorithm):
+            raise KeyError_(f"{p}: not a valid public key line", "use the KEY.pub written by `capture keygen`") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise KeyError_(f"{p}: not an Ed25519 key", "make one with `capture keygen`")
+        return key
+    return load_private_key(p).public_key()
+
+
+def public_key_pem(key_path: str | os.PathLike[str]) -> bytes:
+    """The public half in PEM (SubjectPublicKeyInfo), as cosign and securesystemslib read it."""
+    return load_public_key(key_path).public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def verify_envelope(doc: bytes | str | dict[str, Any], key: Ed25519PublicKey) -> dict[str, Any]:
+    """Check a DSSE envelope made by :func:`export_intoto`; returns the Statement."""
+    try:
+        env = json.loads(doc) if isinstance(doc, (bytes, str)) else doc
+        payload = base64.b64decode(env["payload"], validate=True)
+        sigs = [base64.b64decode(s["sig"], validate=True) for s in env["signatures"]]
+        payload_type = env["payloadType"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SignatureError(f"not a DSSE envelope ({type(exc).__name__}: {exc})", "export it again with `capture export`") from None
+    for sig in sigs:
+        try:
+            key.verify(sig, pae(payload_type, payload))
+        except InvalidSignature:
+            continue
+        return json.loads(payload)
+    raise SignatureError("no envelope signature verifies with this key", "check that the key is the one that exported it")

@@ -1,0 +1,110 @@
+"""`capture show FILE`: one manifest, readable, for people who would rather not read TOML.
+
+The trial part is the trial report's own terminal table (:func:`capture.trial.report.render_terminal`)
+when that module is installed; otherwise a short table of the key figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from capture.manifest import parse_body, read_bytes, split_signed
+from capture.results._sig import SignatureStatus, signature_status
+from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Shown:
+    path: str
+    summary: RunSummary
+    signature: SignatureStatus
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "signature": asdict(self.signature), "summary": self.summary.to_json()}
+
+
+def load(path: str, allowed_signers: str | os.PathLike[str] | None = None) -> Shown:
+    raw = read_bytes(path)
+    body, _ = split_signed(raw)
+    data = parse_body(body, path)  # shown whatever the signature says; the header says it first
+    status = signature_status(raw, path, allowed_signers)
+    return Shown(path, summarize(data, raw, path, status.principal, status.fingerprint), status, data)
+
+
+def _kv(rows: list[tuple[str, str | None]]) -> list[str]:
+    rows = [(k, v) for k, v in rows if v]
+    width = max(len(k) for k, _ in rows)
+    return [f"{k:<{width}}  {v}" for k, v in rows]
+
+
+def _join(*parts: Any, sep: str = ", ") -> str | None:
+    text = sep.join(str(p) for p in parts if p not in (None, "", ()))
+    return text or None
+
+
+def render(shown: Shown) -> str:
+    s, d = shown.summary, shown.data
+    f = s.figures
+    acc = s.accelerator
+    if s.memory_per_device_bytes:
+        acc += f" ({human_bytes(s.memory_per_device_bytes)} each)"
+    code = None
+    if dig(d, "code.commit"):
+        code = _join(f"commit {s.code_commit}", dig(d, "code.branch") and f"branch {dig(d, 'code.branch')}",
+                     "dirty work tree" if s.code_dirty else None, dig(d, "code.remote_url"))
+    elif isinstance(dig(d, "code.skipped"), str):
+        code = f"not recorded ({dig(d, 'code.skipped')})"
+    lines = _kv([
+        ("manifest", shown.path),
+        ("kind", _join(s.kind, f"created {s.created_utc}", f"content id {s.content_id}")),
+        ("signature", shown.signature.label),
+        ("accelerator", acc),
+        ("driver", _join(s.driver_version, dig(d, "nvidia.cuda_driver_version")
+                         and f"CUDA driver API {dig(d, 'nvidia.cuda_driver_version')}")),
+        ("runtime", _join(s.runtime and s.runtime.upper() if s.runtime != "cpu" else "cpu", s.runtime_version, sep=" ")),
+        ("framework", _join(s.torch_version and f"torch {s.torch_version}", s.cudnn_version and f"cuDNN {s.cudnn_version}",
+                            s.nccl_version and f"NCCL/RCCL {s.nccl_version}")),
+        ("python", _join(s.python_version, s.package_count is not None and f"{s.package_count} packages")),
+        ("host", _join(dig(d, "host.os"), dig(d, "host.kernel"), dig(d, "host.cpu_model"))),
+        ("image", s.image),
+        ("code", code),
+        ("models", ", ".join(s.models) or None),
+        ("datasets", ", ".join(s.datasets) or None),
+    ])
+    skipped = sorted(k for k, v in d.items() if isinstance(v, dict) and set(v) == {"skipped"})
+    if skipped:
+        lines.append(f"{'not probed':<{len('accelerator')}}  {', '.join(skipped)}")
+    if "trial" in d:
+        lines.append("")
+        lines.append(_trial_report(d, s))
+    return "\n".join(lines)
+
+
+def _trial_report(data: dict[str, Any], s: RunSummary) -> str:
+    try:
+        from capture.trial.report import render_terminal
+    except ImportError:
+        render_terminal = None
+    if render_terminal is not None:
+        try:
+            return render_terminal(data).rstrip()
+        except Exception:  # a manifest from another version must still be viewable
+            log.warning("the trial report could not render this manifest; showing the key figures only", exc_info=True)
+    f = s.figures
+    cost = f"{fmt_number(f.cost_per_million_tokens)} {f.currency or ''}".strip() if f.cost_per_million_tokens is not None else None
+    return "trial\n" + "\n".join("  " + line for line in _kv([
+        ("tokens/s", fmt_number(f.tokens_per_s)),
+        ("step time median", f.step_time_median_s is not None and f"{fmt_number(f.step_time_median_s)} s" or "-"),
+        ("step time p90", f.step_time_p90_s is not None and f"{fmt_number(f.step_time_p90_s)} s" or "-"),
+        ("peak memory", _join(human_bytes(f.peak_memory_bytes), f.peak_memory_source and f"({f.peak_memory_source})", sep=" ")),
+        ("MFU", fmt_number(f.mfu)),
+        ("checkpoint write", f.checkpoint_write_s is not None and f"{fmt_number(f.checkpoint_write_s)} s" or "-"),
+        ("recovery", f.recovery_verdict or "-"),
+        ("cost / M tokens", cost or "-"),
+    ]))

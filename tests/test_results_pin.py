@@ -1,0 +1,259 @@
+"""`capture pin` against real git repositories, real keys and real signed manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture._cli import main
+from capture.errors import SignatureError, TrustError, UsageError
+from capture.results.pin import pin, pin_path
+from test_results_helpers import Signer, git, h200_manifest, keys, make_results_repo  # noqa: F401
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _state(repo: Path) -> tuple[str, str, list[str]]:
+    """HEAD, `git status --porcelain --ignored`, and every file in the work tree (besides .git)."""
+    files = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if ".git" not in p.relative_to(repo).parts)
+    return git(repo, "rev-parse", "HEAD").strip(), git(repo, "status", "--porcelain", "--ignored"), files
+
+
+@pytest.fixture
+def repo(tmp_path, keys):
+    return make_results_repo(tmp_path / "results", keys["alice"])
+
+
+def test_pin_commits_manifest_and_index_row(repo, keys, tmp_path, capsys):
+    src = tmp_path / "run.toml"
+    raw = keys["alice"].write(src, h200_manifest())
+    before = git(repo, "rev-parse", "HEAD").strip()
+
+    assert main(["pin", str(src), "--repo", str(repo), "--tag"]) == 0
+
+    out = capsys.readouterr().out
+    rel = pin_path(h200_manifest(), raw)
+    assert rel.startswith("nvidia-h200-x1/2026-12-02/") and rel.endswith(".toml")
+    assert f"pinned          {rel}" in out
+    assert (repo / rel).read_bytes() == raw
+    assert git(repo, "rev-parse", "HEAD~1").strip() == before
+    assert git(repo, "status", "--porcelain") == ""
+    assert sorted(git(repo, "show", "--name-only", "--format=", "HEAD").split()) == sorted([rel, "index.json", "index.md"])
+    subject = git(repo, "log", "-1", "--format=%s")
+    assert "NVIDIA H200 x1" in subject and rel.split("/")[-1][:-5] in subject
+    body = git(repo, "log", "-1", "--format=%b")
+    assert "64,113 tokens/s" in body and "driver 580.159.04" in body and "signed by alice@lab" in body
+    cid = Path(rel).stem
+    assert git(repo, "cat-file", "-t", f"run/{cid}").strip() == "tag"
+    assert git(repo, "rev-parse", f"run/{cid}^{{commit}}").strip() == git(repo, "rev-parse", "HEAD").strip()
+
+    rows = json.loads((repo / "index.json").read_text())["runs"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["path"] == rel and row["content_id"] == cid and row["kind"] == "trial"
+    assert row["model"] == "NVIDIA H200" and row["count"] == 1 and row["driver_version"] == "580.159.04"
+    assert row["runtime"] == "cuda" and row["runtime_version"] == "13.0" and row["torch_version"] == "2.11.0+cu130"
+    assert row["models"] == ["meta-llama/Llama-3.2-1B@4e20de362430"]
+    assert row["tokens_per_s"] == pytest.approx(64113.23398891535)
+    assert row["step_time_median_s"] == pytest.approx(0.2555478640000075)
+    assert row["peak_memory_bytes"] == 51795329024 and row["peak_memory_source"] == "device_used"
+    assert row["recovery_verdict"] == "diverged at step 5" and row["cost_per_million_tokens"] == 0.17
+    assert row["signer"] == "alice@lab" and row["signer_fingerprint"] == keys["alice"].fingerprint
+    md = (repo / "index.md").read_text()
+    assert f"[{cid}]({rel})" in md and "| 64,113 |" in md and "| alice@lab |" in md
+
+
+def test_pin_same_bytes_twice_is_a_noop(repo, keys, tmp_path, capsys):
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    pin([str(src)], repo)
+    before = _state(repo)
+    assert main(["pin", str(src), str(src), "--repo", str(repo)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("already pinned") == 2
+    assert "nothing new to commit" in captured.err
+    assert _state(repo) == before
+    assert len(json.loads((repo / "index.json").read_text())["runs"]) == 1
+
+
+def test_second_run_adds_a_row_and_keeps_the_first(repo, keys, tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    keys["alice"].write(a, h200_manifest())
+    cpu = h200_manifest(kind="fingerprint", created_utc="2026-12-03T08:00:00Z")
+    cpu["accelerator"] = {"vendor": "none", "model": "cpu", "count": 0, "runtime": "cpu"}
+    keys["alice"].write(b, cpu)
+    r1 = pin([str(a)], repo)
+    r2 = pin([str(b)], repo, message="CPU baseline")
+    assert r2.runs[0].path.startswith("cpu/2026-12-03/")
+    assert git(repo, "log", "-1", "--format=%s").strip() == "CPU baseline"
+    rows = json.loads((repo / "index.json").read_text())["runs"]
+    assert [r["path"] for r in rows] == [r1.runs[0].path, r2.runs[0].path]
+    assert git(repo, "rev-list", "--count", "HEAD").strip() == "3"
+
+
+def _tamper(raw: bytes) -> bytes:
+    return raw.replace(b'driver_version = "580.159.04"', b'driver_version = "580.159.05"', 1)
+
+
+@pytest.mark.parametrize("case", ["tampered", "unsigned", "untrusted", "appended"])
+def test_refused_manifest_leaves_repo_unchanged(repo, keys, tmp_path, capsys, case):
+    good = tmp_path / "good.toml"
+    keys["alice"].write(good, h200_manifest(created_utc="2026-12-01T00:00:00Z"))
+    bad = tmp_path / "bad.toml"
+    if case == "tampered":
+        raw = keys["alice"].write(bad, h200_manifest())
+        bad.write_bytes(_tamper(raw))
+    elif case == "unsigned":
+        from capture import manifest as mf
+        bad.write_bytes(mf.dumps(h200_manifest()))
+    elif case == "untrusted":
+        keys["mallory"].write(bad, h200_manifest())
+    else:
+        raw = keys["alice"].write(bad, h200_manifest())
+        bad.write_bytes(raw + b"\n[trial.stats]\ntokens_per_s = 1e9\n")
+    before = _state(repo)
+    # The good manifest comes first: nothing of it may be committed either.
+    assert main(["pin", str(good), str(bad), "--repo", str(repo)]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert _state(repo) == before
+
+
+def test_untrusted_signer_names_the_key(repo, keys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    keys["mallory"].write(bad, h200_manifest())
+    with pytest.raises(TrustError, match=r"mallory@elsewhere"):
+        pin([str(bad)], repo)
+
+
+def test_personal_allowed_signers_is_never_used(tmp_path, keys, monkeypatch):
+    """Trust comes only from the repository: $CAPTURE_ALLOWED_SIGNERS naming mallory changes nothing."""
+    repo = make_results_repo(tmp_path / "results", keys["alice"])
+    personal = tmp_path / "personal_allowed_signers"
+    personal.write_text(keys["mallory"].allowed_line)
+    monkeypatch.setenv("CAPTURE_ALLOWED_SIGNERS", str(personal))
+    bad = tmp_path / "bad.toml"
+    keys["mallory"].write(bad, h200_manifest())
+    with pytest.raises(TrustError):
+        pin([str(bad)], repo)
+
+
+def test_malformed_manifest_is_exit_3(repo, keys, tmp_path, capsys):
+    from capture import signing
+    bad = tmp_path / "bad.toml"
+    # A valid signature by a trusted signer over a body that is not a manifest.
+    body = b'schema_version = 1\nkind = "trial"\ncreated_utc = 5\n'
+    bad.write_bytes(body + signing.make_trailer(body, signing.load_private_key(keys["alice"].key), "alice@lab"))
+    before = _state(repo)
+    assert main(["pin", str(bad), "--repo", str(repo)]) == 3
+    assert "created_utc" in capsys.readouterr().err
+    assert _state(repo) == before
+
+
+def test_not_a_git_repo_and_dirty_repo_are_refused(tmp_path, keys, capsys):
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert main(["pin", str(src), "--repo", str(plain)]) == 2
+    err = capsys.readouterr().err
+    assert "not a git repository" in err and "git init" in err
+
+    repo = make_results_repo(tmp_path / "results", keys["alice"])
+    (repo / "notes.txt").write_text("work in progress\n")
+    before = _state(repo)
+    assert main(["pin", str(src), "--repo", str(repo)]) == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes (notes.txt)" in err
+    assert _state(repo) == before
+
+
+def test_missing_or_uncommitted_allowed_signers(tmp_path, keys):
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "empty")
+    with pytest.raises(TrustError, match="no allowed-signers file"):
+        pin([str(src)], repo)
+
+
+def test_different_file_at_same_path_is_never_overwritten(repo, keys, tmp_path):
+    src = tmp_path / "run.toml"
+    raw = keys["alice"].write(src, h200_manifest())
+    rel = pin_path(h200_manifest(), raw)
+    (repo / rel).parent.mkdir(parents=True)
+    (repo / rel).write_bytes(b"someone else's bytes\n")
+    git(repo, "add", rel)
+    git(repo, "commit", "-q", "-m", "squat")
+    with pytest.raises(UsageError, match="refusing to overwrite"):
+        pin([str(src)], repo)
+    assert (repo / rel).read_bytes() == b"someone else's bytes\n"
+
+
+def _pin_in_subprocess(src: Path, repo: Path, hook: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, _CAPTURE_TEST_PIN_HOOK=hook)
+    return subprocess.run([sys.executable, "-m", "capture", "pin", str(src), "--repo", str(repo)],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_killed_pin_leaves_repo_as_it_was(repo, keys, tmp_path):
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    before = _state(repo)
+    proc = _pin_in_subprocess(src, repo, "kill:before-commit")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert _state(repo) == before
+    # The commit it had built exists only as an unreachable object; the next pin just works.
+    assert pin([str(src)], repo).commit is not None
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("stage", ["after-files", "after-update-ref"])
+def test_failure_while_publishing_is_undone(repo, keys, tmp_path, stage):
+    first = tmp_path / "first.toml"
+    keys["alice"].write(first, h200_manifest(created_utc="2026-11-30T00:00:00Z"))
+    pin([str(first)], repo)  # so that index.json/index.md exist and must be restored, not removed
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    before = _state(repo)
+    index_before = (repo / "index.json").read_bytes()
+    proc = _pin_in_subprocess(src, repo, f"fail:{stage}")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "left as it was" in proc.stderr
+    assert _state(repo) == before
+    assert (repo / "index.json").read_bytes() == index_before
+    assert not (repo / ".git" / "index.lock").exists()
+
+
+def test_pin_into_a_folder_of_a_larger_repository_keeps_other_staged_work(tmp_path, keys):
+    """manifests/ in the project repository is a results repository: pin commits only there."""
+    top = tmp_path / "project"
+    top.mkdir()
+    git(top, "init", "-q", "-b", "main")
+    git(top, "config", "user.name", "Lead")
+    git(top, "config", "user.email", "lead@example.invalid")
+    (top / "manifests").mkdir()
+    (top / "manifests" / "allowed_signers").write_text(keys["alice"].allowed_line)
+    (top / "code.py").write_text("print(1)\n")
+    git(top, "add", ".")
+    git(top, "commit", "-q", "-m", "project")
+    (top / "code.py").write_text("print(2)\n")
+    git(top, "add", "code.py")  # someone's staged work outside manifests/
+    (top / "scratch.txt").write_text("untracked, outside manifests/\n")
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+
+    result = pin([str(src)], top / "manifests")
+
+    changed = git(top, "show", "--name-only", "--format=", "HEAD").split()
+    assert sorted(changed) == sorted(f"manifests/{p}" for p in (result.runs[0].path, "index.json", "index.md"))
+    status = git(top, "status", "--porcelain").splitlines()
+    assert sorted(status) == ["?? scratch.txt", "M  code.py"]
