@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -385,8 +386,6 @@ def sshsig_verify(data: bytes, armored: str, namespace: str = NAMESPACE) -> str:
 
 
 def _toml_string(value: str) -> str:
-    import tomli_w
-
     return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
 
 
@@ -445,15 +444,32 @@ def sign_file(path: str | os.PathLike[str], key_path: str | os.PathLike[str], pr
     """Sign (or re-sign) a manifest file in place, atomically, keeping its permissions."""
     raw = manifest.read_bytes(path)
     signed = sign_bytes(raw, key_path, principal, source=str(path))
-    atomic_write(path, signed, mode=stat.S_IMODE(os.stat(path).st_mode))
+    atomic_write(path, signed, mode=_shareable_mode(path))
 
 
 def write_signed(path: str | os.PathLike[str], body: bytes, key_path: str | os.PathLike[str],
                  principal: str | None = None) -> bytes:
     """Write ``body`` and its signature trailer atomically; returns the bytes written."""
     signed = sign_bytes(body, key_path, principal, source=str(path))
-    atomic_write(path, signed)
+    atomic_write(path, signed, mode=_shareable_mode(path))
     return signed
+
+
+def _shareable_mode(path: str | os.PathLike[str]) -> int:
+    """An existing file keeps its mode; a new one gets 0666 less the umask, as open() would give it.
+
+    (A bare temporary file is 0600, which is right for keys and wrong for manifests people share.)
+    """
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = 0o022
+    return 0o666 & ~umask
 
 
 # --------------------------------------------------------------------------- allowed signers

@@ -411,6 +411,12 @@ def test_write_signed(tmp_path, key, body):
     path = tmp_path / "out.toml"
     data = signing.write_signed(path, body, key, "ci@lab")
     assert path.read_bytes() == data
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # shareable, unlike the private key
+    path.chmod(0o640)
+    signing.write_signed(path, body, key, "ci@lab")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640  # an existing file keeps its mode
     assert manifest.split_signed(data)[0].startswith(body)
 
 
