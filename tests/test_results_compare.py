@@ -1,0 +1,126 @@
+"""`capture compare` and `capture show` on real signed manifests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capture import manifest as mf
+from capture._cli import main
+from capture.results.compare import compare_files
+from capture.results.show import load as show_load
+from test_results_helpers import h200_manifest, keys, make_results_repo  # noqa: F401
+
+
+@pytest.fixture
+def two_runs(tmp_path, keys):
+    """Run B: torch downgraded, numpy changed, a package added and one removed, 12% fewer tokens/s."""
+    trusted = tmp_path / "allowed_signers"
+    trusted.write_text(keys["alice"].allowed_line)
+    a = h200_manifest()
+    b = h200_manifest(created_utc="2026-12-03T09:00:00Z")
+    pkgs = b["python"]["packages"]
+    gone = sorted(pkgs)[0]
+    del pkgs[gone]
+    pkgs["numpy"] = {"version": "1.26.4", "source": "index"}
+    pkgs["flash-attn"] = {"version": "2.7.4", "source": "index"}
+    b["framework"]["version"] = "2.10.0+cu128"
+    b["nvidia"]["driver_version"] = "570.86.15"
+    b["trial"]["stats"]["tokens_per_s"] = a["trial"]["stats"]["tokens_per_s"] * 0.88
+    b["trial"]["stats"]["step_time_median_s"] = a["trial"]["stats"]["step_time_median_s"] / 0.88
+    b["trial"]["recovery"]["verdict"] = "bit-exact"
+    keys["alice"].write(tmp_path / "a.toml", a)
+    keys["mallory"].write(tmp_path / "b.toml", b)
+    return tmp_path / "a.toml", tmp_path / "b.toml", trusted, gone, a
+
+
+def test_compare_names_stack_changes_then_figures(two_runs, capsys):
+    pa, pb, trusted, gone, a = two_runs
+    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "signature valid, signer trusted by alice@lab" in lines[1]
+    assert "signer NOT trusted" in lines[3] and "mallory@elsewhere" in lines[3]
+    assert out.index("Stack:") < out.index("Trial figures")
+    assert any("framework.version" in line and "2.11.0+cu130" in line and "2.10.0+cu128" in line for line in lines)
+    assert any("nvidia.driver_version" in line and "570.86.15" in line for line in lines)
+    numpy_now = a["python"]["packages"]["numpy"]["version"]
+    assert any(line.split()[:4] == ["numpy", numpy_now, "->", "1.26.4"] for line in lines)
+    assert any(line.split()[:4] == ["flash-attn", "(absent)", "->", "2.7.4"] for line in lines)
+    assert any(line.split()[:1] == [gone] and line.rstrip().endswith("(absent)") for line in lines)
+    tok = next(line for line in lines if line.strip().startswith("tokens/s"))
+    assert "64,113" in tok and "56,420" in tok and "-12.0%" in tok and tok.rstrip().endswith("worse")
+    step = next(line for line in lines if line.strip().startswith("step time median"))
+    assert "+13.6%" in step and step.rstrip().endswith("worse")
+    rec = next(line for line in lines if line.strip().startswith("recovery"))
+    assert "diverged at step 5" in rec and "bit-exact" in rec
+
+
+def test_compare_json(two_runs, capsys):
+    pa, pb, trusted, gone, a = two_runs
+    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["a"]["signature"]["state"] == "trusted" and doc["b"]["signature"]["state"] == "untrusted"
+    assert {"group": "framework", "field": "framework.version", "a": "2.11.0+cu130", "b": "2.10.0+cu128"} in doc["stack"]
+    assert {"name": "flash-attn", "version": "2.7.4"} in doc["packages"]["added"]
+    assert [p["name"] for p in doc["packages"]["removed"]] == [gone]
+    tok = next(f for f in doc["figures"] if f["name"] == "tokens_per_s")
+    assert tok["relative_change"] == pytest.approx(-0.12) and tok["verdict"] == "worse"
+
+
+def test_same_run_has_no_stack_difference(two_runs):
+    pa, _, trusted, _, _ = two_runs
+    c = compare_files(str(pa), str(pa), str(trusted))
+    assert c.stack == () and not c.packages
+    assert {f.verdict for f in c.figures} == {"same"}
+
+
+def test_compare_reads_tampered_and_unsigned_but_says_so(two_runs, tmp_path):
+    pa, pb, trusted, _, _ = two_runs
+    tampered = tmp_path / "t.toml"
+    tampered.write_bytes(pa.read_bytes().replace(b"580.159.04", b"580.159.99"))
+    unsigned = tmp_path / "u.toml"
+    unsigned.write_bytes(mf.split_signed(pb.read_bytes())[0])
+    c = compare_files(str(tampered), str(unsigned), str(trusted))
+    assert c.a.signature.state == "invalid" and "INVALID" in c.a.signature.label
+    assert c.b.signature.state == "unsigned"
+    assert any(ch.field == "nvidia.driver_version" and ch.a == "580.159.99" for ch in c.stack)
+
+
+@pytest.mark.parametrize("content, match", [
+    (b'schema_version = 1\nkind = "trial"\ncreated_utc = "2026', "not valid TOML"),
+    (b"\xff\xfe not utf-8", "not UTF-8"),
+    (b'kind = "trial"\n', "no schema_version"),
+])
+def test_malformed_is_exit_3(two_runs, tmp_path, capsys, content, match):
+    pa = two_runs[0]
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(content)
+    assert main(["compare", str(pa), str(bad)]) == 3
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+    assert main(["show", str(bad)]) == 3
+
+
+def test_show_summary(two_runs, capsys):
+    pa, _, trusted, _, _ = two_runs
+    assert main(["show", str(pa), "--allowed-signers", str(trusted)]) == 0
+    out = capsys.readouterr().out
+    assert "signature    signature valid, signer trusted by alice@lab" in out
+    assert "accelerator  NVIDIA H200 x1 (140.4 GiB each)" in out
+    assert "framework    torch 2.11.0+cu130, cuDNN 91900, NCCL/RCCL 2.28.9" in out
+    assert "meta-llama/Llama-3.2-1B@4e20de362430" in out
+    # the trial part: the trial report's table, or the fallback table, both with the figures
+    assert "64,113" in out and "diverged at step 5" in out
+
+
+def test_show_json_and_fingerprint(tmp_path, keys, capsys):
+    m = h200_manifest(kind="fingerprint")
+    keys["alice"].write(tmp_path / "fp.toml", m)
+    assert main(["show", str(tmp_path / "fp.toml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["kind"] == "fingerprint" and "tokens_per_s" not in doc["summary"]
+    assert doc["signature"]["state"] in ("untrusted", "trusted")
+    shown = show_load(str(tmp_path / "fp.toml"))
+    assert shown.summary.accelerator_slug == "nvidia-h200-x1"
