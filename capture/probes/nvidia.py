@@ -125,7 +125,7 @@ class NvidiaInfo:
 
 
 @dataclass(frozen=True)
-class _Ids:
+class DeviceIds:
     """What CUDA_VISIBLE_DEVICES can name on one GPU."""
 
     uuid: str | None
@@ -152,7 +152,7 @@ def _unique_prefix(candidate: str, names: Sequence[str | None]) -> int:
     return hits[0] if len(hits) == 1 else -1
 
 
-def cuda_device_list(gpus: Sequence[_Ids], value: str | None) -> list[tuple[int, int | None]]:
+def cuda_device_list(gpus: Sequence[DeviceIds], value: str | None) -> list[tuple[int, int | None]]:
     """The devices CUDA enumerates, in CUDA order: ``(gpu index, mig index or None)``.
 
     Follows the CUDA documentation and the behaviour PyTorch models in
@@ -206,7 +206,7 @@ def cuda_device_list(gpus: Sequence[_Ids], value: str | None) -> list[tuple[int,
     return out
 
 
-def _find_mig(gpus: Sequence[_Ids], entry: str) -> tuple[int, int] | None:
+def _find_mig(gpus: Sequence[DeviceIds], entry: str) -> tuple[int, int] | None:
     if entry.startswith("MIG-GPU-") and entry.count("/") == 2:
         gpu_uuid, gi, ci = entry[len("MIG-"):].split("/")
         g = next((i for i, x in enumerate(gpus) if x.uuid == gpu_uuid), -1)
@@ -229,7 +229,7 @@ def apply_visibility(devices: Sequence[NvidiaDevice], value: str | None,
     GPU the two orders agree, with mixed models nobody can say which index CUDA gives, so
     ``cuda_index`` is left out rather than guessed.
     """
-    ids = [_Ids(d.uuid, bool(d.mig_enabled and d.mig_instances),
+    ids = [DeviceIds(d.uuid, bool(d.mig_enabled and d.mig_instances),
                 tuple((m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in d.mig_instances))
            for d in devices]
     order = cuda_device_list(ids, value)
