@@ -77,7 +77,7 @@ class Flavour:
 FLAVOURS: dict[str, Flavour] = {
     "cpu": Flavour("cpu", "3.11", (2, 36), "python:3.11-slim-bookworm (Debian 12)"),
     "cuda": Flavour("cuda", "3.12", (2, 39), "nvidia/cuda 13.0.3 on Ubuntu 24.04, python3 3.12"),
-    "rocm": Flavour("rocm", "3.10", (2, 35), "rocm/dev-ubuntu-22.04 7.2.1, python3 3.10"),
+    "rocm": Flavour("rocm", "3.12", (2, 39), "rocm/dev-ubuntu-24.04 7.2.4, python3 3.12"),
 }
 
 
@@ -237,8 +237,38 @@ def _wheel_hash(item: dict) -> str:
                      "use an index that publishes hashes (PEP 503 #sha256= links)")
 
 
+def _marker_env(fl: Flavour) -> dict[str, str]:
+    return {
+        "python_version": fl.python_version, "python_full_version": fl.python_version + ".0",
+        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+    }
+
+
+def _needed(items: list[dict], top: Sequence[str], fl: Flavour) -> set[str]:
+    """Names reachable from ``top`` through the resolved packages' dependencies (for the image)."""
+    meta = {canonicalize_name(i["metadata"]["name"]): i["metadata"] for i in items}
+    env = _marker_env(fl)
+    seen: set[str] = set()
+    stack = [(Requirement(r), ("",)) for r in top]
+    while stack:
+        req, extras = stack.pop()
+        if req.marker and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+            continue
+        key = canonicalize_name(req.name)
+        if key not in meta:
+            continue
+        wanted = ("",) + tuple(sorted(req.extras))
+        if (key, wanted) in seen:
+            continue
+        seen.add((key, wanted))  # type: ignore[arg-type]
+        for dep in meta[key].get("requires_dist", []) or []:
+            stack.append((Requirement(dep), wanted))
+    return {k for k, _ in seen}  # type: ignore[misc]
+
+
 def resolve(name: str, requirements: Sequence[str], pip_args: Sequence[str] = (),
-            python: str = sys.executable) -> list[LockedWheel]:
+            python: str = sys.executable, skipped: Sequence[str] = ()) -> list[LockedWheel]:
     """Resolve ``requirements`` for the flavour's platform with pip and return the wheels it picks.
 
     pip's own resolver and index configuration do the work (``--dry-run --report``); nothing is
@@ -263,8 +293,16 @@ def resolve(name: str, requirements: Sequence[str], pip_args: Sequence[str] = ()
                              "a wheel may live on another index: pass --extra-index-url URL or "
                              "--find-links DIR, or --skip NAME to leave it out as missing")
         data = json.loads(report.read_text(encoding="utf-8"))
+    items = data.get("install", [])
+    if skipped:
+        # Another package may pull a skipped one in from the default index (peft needs torch, and
+        # PyPI's torch is the CUDA build): keep only what the kept requirements need without it.
+        drop = {canonicalize_name(Requirement(r).name) for r in skipped}
+        kept = [i for i in items if canonicalize_name(i["metadata"]["name"]) not in drop]
+        needed = _needed(kept, requirements, fl)
+        items = [i for i in kept if canonicalize_name(i["metadata"]["name"]) in needed]
     wheels = []
-    for item in data.get("install", []):
+    for item in items:
         meta = item.get("metadata") or {}
         wheels.append(LockedWheel(canonicalize_name(meta["name"]), meta["version"], _wheel_hash(item)))
     return sorted(wheels, key=lambda w: w.name)
@@ -288,7 +326,7 @@ def generate(name: str, pip_args: Sequence[str] = (), skip: Sequence[str] = (),
              out: Path | None = None, skip_reason: str | None = None) -> Lock:
     """Regenerate a flavour's lock from its pinned input and write it atomically."""
     requirements, skipped, input_data = _read_input(name, skip)
-    wheels = resolve(name, requirements, pip_args)
+    wheels = resolve(name, requirements, pip_args, skipped=skipped)
     data = render(name, wheels, skipped, input_data, skip_reason or "not resolved where this lock was made")
     path = Path(out) if out else lock_path(name)
     atomic_write(path, data)
