@@ -29,6 +29,7 @@ from pathlib import Path
 import tomli_w
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from capture import manifest
@@ -207,15 +208,13 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     except TypeError:
         raise _passphrase_error(path) from None
     except (ValueError, UnsupportedAlgorithm) as exc:
-        raise KeyError_(f"{path}: cannot load the private key ({str(exc).rstrip('.')})", _KEYGEN_HINT) from None
+        raise KeyError_(f"{path}: cannot load the private key ({str(exc).splitlines()[0].rstrip('.')})", _KEYGEN_HINT) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyError_(f"{path}: holds {_key_kind(key)} key; capture signs with Ed25519 keys only", _KEYGEN_HINT)
     return key
 
 
 def _key_kind(key: object) -> str:
-    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
-
     for cls, name in ((rsa.RSAPrivateKey, "an RSA"), (ec.EllipticCurvePrivateKey, "an ECDSA"),
                       (dsa.DSAPrivateKey, "a DSA"), (ed448.Ed448PrivateKey, "an Ed448")):
         if isinstance(key, cls):
