@@ -382,3 +382,14 @@ def test_visibility_is_pure_and_keeps_devices_in_nvml_order() -> None:
     out = nvidia.apply_visibility(devs, "1,0")
     assert [(d.index, d.cuda_index) for d in out] == [(0, 1), (1, 0)]
     assert devs[0].cuda_index is None  # inputs untouched (frozen)
+
+
+def test_nvml_refusing_the_device_count_is_a_skip(env: pytest.MonkeyPatch) -> None:
+    system, gpus = gpus_from_smi_q(A100_X4.read_text())
+    fake = _use(env, make_fake_pynvml(system, gpus))
+
+    def lost() -> int:
+        raise pynvml.NVMLError_GpuIsLost()
+    fake.nvmlDeviceGetCount = lost
+    assert nvidia.probe(ProbeOptions()) == Skipped("NVML: GPU is lost")
+    assert fake.initialised == 0

@@ -522,6 +522,8 @@ def probe(options: ProbeOptions | None = None) -> NvidiaInfo | Skipped:
     if nvml is not None:
         try:
             info = probe_nvml(nvml)
+        except nvml.NVMLError as exc:  # e.g. the device count itself refused
+            return Skipped(f"NVML: {exc}")
         finally:
             shutdown_nvml(nvml)
     else:
