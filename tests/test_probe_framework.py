@@ -72,7 +72,7 @@ def test_real_cpu_torch_deep_reports_what_loaded() -> None:
 
 
 def test_cuda_wheel_tree_like_the_h200(tmp_path: Path) -> None:
-    site = torch_tree(tmp_path / "site", "torch-2.11.0+cu130-version.py")
+    site = torch_tree(tmp_path / "site", "h200-cu130-torch-version.py")
     touch(site / "torch/lib/libtorch_cuda.so")
     dist(site, "nvidia_cudnn_cu13-9.19.0.56.dist-info", "nvidia-cudnn-cu13", "9.19.0.56")
     dist(site, "nvidia_nccl_cu13-2.28.9.dist-info", "nvidia-nccl-cu13", "2.28.9")
@@ -91,8 +91,24 @@ def test_cuda_wheel_tree_like_the_h200(tmp_path: Path) -> None:
     assert table["name"] == "torch" and "arch_list" not in table and "loaded" not in table
 
 
+def test_cuda_wheel_tree_rebuilt_from_the_h200_listing(tmp_path: Path) -> None:
+    # Dist-info names and library files as listed on the H200 (tests/fixtures/framework/README.md);
+    # the probe must say exactly what it said there.
+    site = torch_tree(tmp_path / "site", "h200-cu130-torch-version.py")
+    for folder in (FIXTURES / "framework" / "h200-cu130-dist-info.txt").read_text().split():
+        name, version = folder[: -len(".dist-info")].split("-", 1)
+        dist(site, folder, name.replace("_", "-"), version)
+    for rel in (FIXTURES / "framework" / "h200-cu130-lib-files.txt").read_text().split():
+        touch(site / rel)
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    there = json.loads((FIXTURES / "framework" / "h200-cu130-probe.json").read_text())
+    assert info.to_manifest() == there["framework"]
+    assert there["deep"]["loaded"]["cudnn_version"] == "9.19.0"  # what the deep probe saw loaded there
+
+
 def test_versions_from_library_file_names_when_no_dists(tmp_path: Path) -> None:
-    site = torch_tree(tmp_path / "site", "torch-2.11.0+cu130-version.py")
+    site = torch_tree(tmp_path / "site", "h200-cu130-torch-version.py")
     touch(site / "torch/lib/libcudnn.so.8")
     touch(site / "torch/lib/libcudnn.so.8.9.5")
     touch(site / "torch/lib/libnccl.so.2")

@@ -15,7 +15,6 @@ import sys
 import urllib.parse
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from capture.probes import ProbeOptions
@@ -119,10 +118,12 @@ def _headers(text_lines: Iterable[str]) -> dict[str, str]:
         key, sep, value = line.partition(":")
         if sep and key in ("Name", "Version") and key not in out:
             out[key] = value.strip()
+            if len(out) == 2:  # both come first in practice; the rest of the headers can be long
+                break
     return out
 
 
-def _read_headers(path: Path) -> dict[str, str]:
+def _read_headers(path: str) -> dict[str, str]:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return _headers(f)
@@ -171,11 +172,11 @@ def _scan_dir(entry: str) -> Iterator[tuple[str, str, str | None]]:
         return
     for folder in names:
         if folder.endswith(".dist-info"):
-            meta = Path(entry, folder, "METADATA")
+            meta = os.path.join(entry, folder, "METADATA")
         elif folder.endswith(".egg-info"):
-            meta = Path(entry, folder)
-            if meta.is_dir():
-                meta = meta / "PKG-INFO"
+            meta = os.path.join(entry, folder)
+            if os.path.isdir(meta):
+                meta = os.path.join(meta, "PKG-INFO")
         else:
             continue
         heads = _read_headers(meta)
@@ -185,7 +186,8 @@ def _scan_dir(entry: str) -> Iterator[tuple[str, str, str | None]]:
         if not name or not version:
             continue
         try:
-            direct = Path(entry, folder, "direct_url.json").read_text(encoding="utf-8")
+            with open(os.path.join(entry, folder, "direct_url.json"), encoding="utf-8") as f:
+                direct: str | None = f.read()
         except OSError:
             direct = None
         yield name, version, direct
