@@ -99,3 +99,23 @@ def test_missing_file_and_folder(tmp_path: Path):
         mf.read_bytes(tmp_path / "nope.toml")
     with pytest.raises(ManifestError, match="is a folder"):
         mf.read_bytes(tmp_path)
+
+
+def test_atomic_write_modes(tmp_path: Path):
+    import os
+
+    from capture._atomic import atomic_write
+
+    umask = os.umask(0o022)
+    try:
+        new = tmp_path / "new.toml"
+        atomic_write(new, b"x")
+        assert new.stat().st_mode & 0o777 == 0o644  # like open(), not mkstemp's 0600
+        new.chmod(0o640)
+        atomic_write(new, b"y")
+        assert new.stat().st_mode & 0o777 == 0o640  # an existing file keeps its mode
+        key = tmp_path / "key"
+        atomic_write(key, b"k", mode=0o600)
+        assert key.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(umask)

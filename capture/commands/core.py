@@ -112,13 +112,14 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     from capture import signing
 
     path = Path(args.output) if args.output else signing.default_key_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     pub = signing.generate_key(path, comment=args.comment, overwrite=args.force)
+    key_only = " ".join(pub.split()[:2])
     principal = signing.default_principal(path)
     sys.stdout.write(f"{pub}\n")
     sys.stderr.write(
         f"wrote {path} (private, mode 0600) and {path}.pub\n"
-        f"hint: to trust it, add this line to an allowed-signers file:\n  {principal} namespaces=\"{signing.NAMESPACE}\" {pub}\n"
+        f"hint: to trust it, add this line to an allowed-signers file:\n  {principal} namespaces=\"{signing.NAMESPACE}\" {key_only}\n"
     )
     return EXIT_OK
 
@@ -168,7 +169,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         text = format_report(report)
         if report.error and report.signer is None:
             # A rejected manifest: one-line reason and hint on stderr, as every other error.
-            sys.stderr.write(f"error: {report.path}: {report.error}\n")
+            msg = report.error if report.error.startswith(report.path) else f"{report.path}: {report.error}"
+            sys.stderr.write(f"error: {msg}\n")
             if report.hint:
                 sys.stderr.write(f"hint: {report.hint}\n")
         else:
