@@ -228,3 +228,26 @@ def test_fingerprint_writes_models_and_datasets(cache: Path, tmp_path: Path) -> 
     assert {f["path"] for f in model["files"]} >= set(gptj_file_names())
     assert parsed["datasets"][0]["repo_id"] == "tatsu-lab/alpaca"
     assert b"[[models.files]]" in body and b"[[datasets.files]]" in body
+
+
+def test_cli_not_cached_is_one_line_and_exit_2(cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from capture._cli import main
+
+    out = tmp_path / "m.toml"
+    code = main(["fingerprint", "-o", str(out), "--hf-cache", str(cache), "--code", str(tmp_path),
+                 "--model", "EleutherAI/gpt-j-6B@float16"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert err.splitlines()[0].startswith("error: model EleutherAI/gpt-j-6B@float16 is not in the hub cache")
+    assert "hint: huggingface-cli download EleutherAI/gpt-j-6B --revision float16" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_cli_fingerprint_with_a_cached_model(cache: Path, tmp_path: Path) -> None:
+    from capture._cli import main
+
+    out = tmp_path / "m.toml"
+    assert main(["fingerprint", "-o", str(out), "--hf-cache", str(cache), "--code", str(tmp_path),
+                 "--model", "EleutherAI/gpt-j-6B@v1.0", "--verify-artifacts"]) == 0
+    (model,) = manifest.load_unverified(out).data["models"]
+    assert (model["commit"], model["verified"], model["mismatches"]) == (GPTJ_COMMIT, True, [])
