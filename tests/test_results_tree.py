@@ -122,3 +122,22 @@ def test_worst_exit_code_precedence():
     assert worst_exit_code([0, 1]) == 1
     assert worst_exit_code([]) == 0
     assert worst_exit_code([1, 2]) == 2
+
+
+def test_process_pool_gives_the_same_report(tree, keys, monkeypatch):
+    repo, _ = tree
+    _add_bad_files(repo, keys)
+    from capture.results import tree as tree_mod
+    sequential = verify_tree([str(repo)], jobs=1)
+    monkeypatch.setattr(tree_mod, "PARALLEL_MIN_FILES", 1)
+    parallel = verify_tree([str(repo)], jobs=2)
+    assert [(e.path, e.status, e.reason, e.principal) for e in parallel.entries] == \
+        [(e.path, e.status, e.reason, e.principal) for e in sequential.entries]
+    stacked = verify_tree([str(repo)], jobs=2, stack=True)
+    assert [e.status for e in stacked.entries].count("DRIFT") == 2
+
+
+def test_bad_explicit_allowed_signers_is_one_usage_error(tree, tmp_path, capsys):
+    repo, _ = tree
+    assert main(["verify", str(repo), "--signature-only", "--allowed-signers", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

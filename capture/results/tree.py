@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from capture.errors import (EXIT_DRIFT, EXIT_MALFORMED, EXIT_OK, EXIT_SIGNATURE, CaptureError,
                             ManifestError, SignatureError, TrustError, UsageError)
-from capture.manifest import parse_body, read_bytes, split_signed
+from capture.manifest import TRAILER_LINE, parse_body, read_bytes, split_signed
 from capture.results._sig import _short, load_allowed
 
 STATUSES = ("OK", "DRIFT", "MALFORMED", "UNSIGNED", "UNTRUSTED", "INVALID", "ERROR")
@@ -139,92 +139,158 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     return [f for f in out if not (f in seen or seen.add(f))]
 
 
-class _Checker:
-    def __init__(self, allowed_signers, policy, stack: bool) -> None:
-        self.explicit = allowed_signers
-        self.policy = policy
-        self.stack = stack
-        self._trust_by_folder: dict[str, Any] = {}
-        self._live: dict[str, tuple[dict[str, Any] | None, CaptureError | None]] = {}
+class _Trust:
+    """Allowed signers per folder: found once per folder, parsed once per file."""
 
-    def allowed_for(self, path: str):
+    def __init__(self, explicit) -> None:
+        self.explicit = explicit
+        self._by_folder: dict[str, Any] = {}
+
+    def __call__(self, path: str):
         from capture.signing import find_allowed_signers
 
         folder = os.path.dirname(os.path.abspath(path))
-        if folder not in self._trust_by_folder:
+        if folder not in self._by_folder:
             found = find_allowed_signers(path, self.explicit)
-            self._trust_by_folder[folder] = load_allowed(found) if found is not None else None
-        return self._trust_by_folder[folder]
+            self._by_folder[folder] = load_allowed(found) if found is not None else None
+        return self._by_folder[folder]
 
-    def live_for(self, data: dict[str, Any]):
-        from capture.verify import live_fingerprint
 
+@dataclass(frozen=True)
+class _Verified:
+    """A manifest whose signature, trust and body all passed; ``data`` kept only for a stack check."""
+
+    path: str
+    principal: str
+    fingerprint: str
+    data: dict[str, Any] | None
+
+
+def _unsigned(path: str, raw: bytes) -> TreeEntry:
+    parse_body(raw, path)  # malformed (3) beats unsigned (4) for a file that is no manifest at all
+    return TreeEntry(path, "UNSIGNED", EXIT_SIGNATURE, "not signed (no [signature] table)",
+                     f"sign it: capture sign {path} --key KEY")
+
+
+def _check_signed(path: str, trust: _Trust, keep_data: bool) -> TreeEntry | _Verified:
+    from capture.signing import verify_signed_bytes
+
+    raw = b""
+    try:
+        raw = read_bytes(path)
+        if TRAILER_LINE not in raw:  # a byte search: cheaper than splitting lines twice
+            return _unsigned(path, raw)
+        # (1) signature over the exact bytes, (2) trust, and only then (3) parse.
+        info, body = verify_signed_bytes(raw, trust(path), path)
+        data = parse_body(body, path)
+    except TrustError as exc:
+        return TreeEntry(path, "UNTRUSTED", exc.exit_code, _short(exc.message, path), exc.hint)
+    except SignatureError as exc:
+        try:
+            if split_signed(raw)[1] is None:  # "[signature]" occurs, but not as a line of its own
+                return _unsigned(path, raw)
+        except SignatureError:
+            pass
+        except ManifestError as inner:
+            return TreeEntry(path, "MALFORMED", inner.exit_code, _short(inner.message, path), inner.hint)
+        return TreeEntry(path, "INVALID", exc.exit_code, _short(exc.message, path), exc.hint)
+    except ManifestError as exc:
+        return TreeEntry(path, "MALFORMED", exc.exit_code, _short(exc.message, path), exc.hint)
+    return _Verified(path, info.principal, info.fingerprint, data if keep_data else None)
+
+
+def _check_chunk(job: tuple[list[str], Any, bool]) -> list[TreeEntry | _Verified]:
+    paths, explicit, keep_data = job
+    trust = _Trust(explicit)
+    return [_check_signed(p, trust, keep_data) for p in paths]
+
+
+PARALLEL_MIN_FILES = 100
+"""Below this many files a process pool costs more than it saves."""
+
+
+def _check_all(files: list[str], explicit, keep_data: bool, jobs: int | None) -> list[TreeEntry | _Verified]:
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    if jobs <= 1 or len(files) < PARALLEL_MIN_FILES:
+        return _check_chunk((files, explicit, keep_data))
+    # Parsing TOML dominates (pure Python); chunks keep order and amortise the pickling.
+    n_chunks = jobs * 4
+    size = -(-len(files) // n_chunks)
+    chunks = [(files[i:i + size], explicit, keep_data) for i in range(0, len(files), size)]
+    try:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return [r for part in pool.map(_check_chunk, chunks) for r in part]
+    except (OSError, ImportError, NotImplementedError):  # no working multiprocessing here
+        return _check_chunk((files, explicit, keep_data))
+
+
+class _LiveStack:
+    """This machine's fingerprint, probed once per distinct way a manifest was probed."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self._live: dict[str, tuple[dict[str, Any] | None, CaptureError | None]] = {}
+
+    def check(self, v: _Verified) -> TreeEntry:
+        from capture.verify import compare_manifests, live_fingerprint
+
+        data = v.data or {}
+        signer = dict(principal=v.principal, fingerprint=v.fingerprint)
         key = json.dumps([data.get("probe") or {}, (data.get("code") or {}).get("path")], sort_keys=True, default=str)
         if key not in self._live:
             try:
                 self._live[key] = (live_fingerprint(data)[0], None)
             except CaptureError as exc:
                 self._live[key] = (None, exc)
-        return self._live[key]
-
-    def check(self, path: str) -> TreeEntry:
-        from capture.signing import verify_signed_bytes
-
-        try:
-            raw = read_bytes(path)
-            body, trailer = split_signed(raw)
-            if trailer is None:
-                parse_body(body, path)  # malformed (3) beats unsigned (4) for a file that is no manifest
-                return TreeEntry(path, "UNSIGNED", EXIT_SIGNATURE, "not signed (no [signature] table)",
-                                 f"sign it: capture sign {path} --key KEY")
-            # (1) signature over the exact bytes, (2) trust, and only then (3) parse.
-            info, body = verify_signed_bytes(raw, self.allowed_for(path), path)
-            data = parse_body(body, path)
-        except TrustError as exc:
-            return TreeEntry(path, "UNTRUSTED", exc.exit_code, _short(exc.message, path), exc.hint)
-        except SignatureError as exc:
-            return TreeEntry(path, "INVALID", exc.exit_code, _short(exc.message, path), exc.hint)
-        except ManifestError as exc:
-            return TreeEntry(path, "MALFORMED", exc.exit_code, _short(exc.message, path), exc.hint)
-        signer = dict(principal=info.principal, fingerprint=info.fingerprint)
-        if not self.stack:
-            return TreeEntry(path, "OK", EXIT_OK, **signer)
-        from capture.verify import compare_manifests
-
-        live, error = self.live_for(data)
+        live, error = self._live[key]
         if error is not None:
-            return TreeEntry(path, "ERROR", error.exit_code, f"live stack not checked: {error.message}", error.hint, **signer)
+            return TreeEntry(v.path, "ERROR", error.exit_code, f"live stack not checked: {error.message}", error.hint, **signer)
         diffs, _compared = compare_manifests(data, live, self.policy)
         if diffs:
-            return TreeEntry(path, "DRIFT", EXIT_DRIFT, differences=tuple(diffs), **signer)
-        return TreeEntry(path, "OK", EXIT_OK, **signer)
+            return TreeEntry(v.path, "DRIFT", EXIT_DRIFT, differences=tuple(diffs), **signer)
+        return TreeEntry(v.path, "OK", EXIT_OK, **signer)
 
 
 def verify_tree(paths: Sequence[str | os.PathLike[str]], allowed_signers: str | os.PathLike[str] | None = None,
-                policy=None, stack: bool = False) -> TreeReport:
-    """Check every manifest under ``paths``; never raises for a bad manifest (it becomes a row)."""
+                policy=None, stack: bool = False, jobs: int | None = None) -> TreeReport:
+    """Check every manifest under ``paths``; never raises for a bad manifest (it becomes a row).
+
+    ``jobs``: worker processes for the signature/parse stage (default: one per CPU once there
+    are :data:`PARALLEL_MIN_FILES` files or more; 1 keeps everything in this process).
+    """
     t0 = time.perf_counter()
     files = expand(paths)
     if not files:
         raise UsageError(f"no manifest (*.toml) found in {', '.join(map(str, paths))}",
                          "name a results repository folder, a glob such as 'runs/**/*.toml', or manifest files")
+    if allowed_signers is not None:
+        load_allowed(allowed_signers)  # a bad --allowed-signers is one usage error, not a row per file
     if stack and policy is None:
         from capture.verify import Policy
         policy = Policy.default()
-    checker = _Checker(allowed_signers, policy, stack)
-    entries = tuple(checker.check(f) for f in files)
+    live = _LiveStack(policy) if stack else None
+    entries: list[TreeEntry] = []
+    for r in _check_all(files, allowed_signers, stack, jobs):
+        if isinstance(r, TreeEntry):
+            entries.append(r)
+        elif live is not None:
+            entries.append(live.check(r))
+        else:
+            entries.append(TreeEntry(r.path, "OK", EXIT_OK, principal=r.principal, fingerprint=r.fingerprint))
     notes = ()
     if stack and any(e.status in ("OK", "DRIFT") for e in entries):
         notes = ("trial results are signed facts about the recorded run; only the stack is compared",)
-    return TreeReport(entries, time.perf_counter() - t0, stack, notes)
+    return TreeReport(tuple(entries), time.perf_counter() - t0, stack, notes)
 
 
 def verify_paths(paths: list[str], allowed_signers: str | os.PathLike[str] | None = None, policy=None,
-                 stack: bool = False, json_out: bool = False, out: TextIO | None = None) -> int:
+                 stack: bool = False, json_out: bool = False, out: TextIO | None = None,
+                 jobs: int | None = None) -> int:
     """`capture verify DIR | GLOB | FILE...`: print one line per manifest and a summary; return
     the worst exit code (4 > 3 > 1 > 0)."""
     out = out or sys.stdout
-    report = verify_tree(paths, allowed_signers, policy, stack)
+    report = verify_tree(paths, allowed_signers, policy, stack, jobs)
     if json_out:
         out.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     else:
