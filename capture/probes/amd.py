@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
@@ -125,20 +126,26 @@ def apply_visibility(devices: Sequence[AmdDevice], env: dict[str, str | None]) -
 # --------------------------------------------------------------------------- amdsmi
 
 
+_IMPORT_LOCK = threading.Lock()
+
+
 def load_amdsmi() -> tuple[Any | None, str | None]:
     """Import ``amdsmi`` and run ``amdsmi_init``: ``(module, None)`` or ``(None, why not)``."""
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            import amdsmi  # noqa: PLC0415 - optional dependency; loads libamd_smi.so on import
-    except ImportError as exc:
-        return None, f"amdsmi is not installed ({exc})"
-    except Exception as exc:  # KeyError('libamd_smi.so') when the native library is missing
-        said = printed.getvalue().strip().splitlines()
-        return None, f"amdsmi: {said[0] if said else _one_line(exc)}"
-    finally:
-        for line in printed.getvalue().splitlines():
-            log.debug("amdsmi import said: %s", line)
+    # redirect_stdout swaps the process-wide sys.stdout: two probe threads doing it at once
+    # could leave it pointing at a dead buffer, so the import is serialised.
+    with _IMPORT_LOCK:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                import amdsmi  # noqa: PLC0415 - optional dependency; loads libamd_smi.so on import
+        except ImportError as exc:
+            return None, f"amdsmi is not installed ({exc})"
+        except Exception as exc:  # KeyError('libamd_smi.so') when the native library is missing
+            said = printed.getvalue().strip().splitlines()
+            return None, f"amdsmi: {said[0] if said else _one_line(exc)}"
+        finally:
+            for line in printed.getvalue().splitlines():
+                log.debug("amdsmi import said: %s", line)
     try:
         amdsmi.amdsmi_init()
     except Exception as exc:  # AmdSmiLibraryException: driver not loaded, no permission, ...
