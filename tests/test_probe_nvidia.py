@@ -4,6 +4,7 @@ CUDA_VISIBLE_DEVICES as CUDA reads it, and the ``nvidia-smi -q -x`` fallback as 
 from __future__ import annotations
 
 import ctypes
+import json
 import shutil
 import sys
 import tomllib
@@ -393,3 +394,30 @@ def test_nvml_refusing_the_device_count_is_a_skip(env: pytest.MonkeyPatch) -> No
     fake.nvmlDeviceGetCount = lost
     assert nvidia.probe(ProbeOptions()) == Skipped("NVML: GPU is lost")
     assert fake.initialised == 0
+
+
+# --------------------------------------------------------------------------- checked on a real H200
+
+H200_RUN = json.loads((H200 / "capture-probes-on-h200.json").read_text())
+
+
+def test_fallback_reads_the_real_h200_xml_as_nvml_did() -> None:
+    """On the same card, the nvidia-smi -q -x fallback gives every field NVML gave but compute capability."""
+    fallback = nvidia.parse_smi_xml((H200 / "nvidia-smi-q-x.xml").read_text())
+    table = replace(fallback, devices=nvidia.apply_visibility(fallback.devices, None)).to_manifest()
+    nvml = H200_RUN["nvidia"]
+    assert nvml["source"] == "nvml" and table["source"] == "nvidia-smi -q -x"
+    expected = {**nvml, "source": "nvidia-smi -q -x",
+                "devices": [{k: v for k, v in d.items() if k != "compute_capability"} for d in nvml["devices"]]}
+    assert table == expected
+    assert H200_RUN["nvidia_probe_s"] < 1.0  # NVML answered without a subprocess
+
+
+@pytest.mark.parametrize("row", H200_RUN["visible"], ids=lambda r: repr(r["value"]))
+def test_cuda_visible_devices_agrees_with_the_cuda_runtime(env: pytest.MonkeyPatch, row: dict) -> None:
+    """Each value was given to the CUDA runtime on the H200; the probe must count what CUDA counted."""
+    cuda_count = int(row["torch_count"].split()[0])
+    _use(env, fake_pynvml_from_smi_xml((H200 / "nvidia-smi-q-x.xml").read_text()))
+    env.setenv("CUDA_VISIBLE_DEVICES", row["value"])
+    devices = nvidia.probe(ProbeOptions()).to_manifest()["devices"]
+    assert [d["cuda_index"] for d in devices if d["visible"]] == list(range(cuda_count))

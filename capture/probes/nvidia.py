@@ -181,14 +181,14 @@ def cuda_device_list(gpus: Sequence[DeviceIds], value: str | None) -> list[tuple
                     break
                 target: tuple[int, int | None] = (n, None)
             elif mode == "GPU-":
-                if not entry.startswith("GPU-"):
+                if not entry.startswith("GPU-") or entry == "GPU-":  # CUDA wants some digits
                     break
                 g = _unique_prefix(entry, [x.uuid for x in gpus])
                 if g < 0:
                     break
                 target = (g, None)
             else:
-                if not entry.startswith("MIG-"):
+                if not entry.startswith("MIG-") or entry == "MIG-":
                     break
                 found = _find_mig(gpus, entry)
                 if found is None:
