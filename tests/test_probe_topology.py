@@ -214,3 +214,15 @@ def test_showtopo_fallback_as_a_subprocess(env: pytest.MonkeyPatch, tmp_path: Pa
 def test_showtopo_without_link_table_is_an_error() -> None:
     with pytest.raises(ValueError, match="Link Type"):
         topology.parse_rocm_smi_showtopo("==== ROCm System Management Interface ====\n")
+
+
+def test_real_h200_nvml_topology_matches_its_topo_m() -> None:
+    """Recorded on a real H200: what NVML gave equals what `nvidia-smi topo -m` printed there."""
+    import json
+
+    run = json.loads((H200 / "capture-probes-on-h200.json").read_text())
+    nvml = run["topology"]
+    assert nvml["source"] == "nvml" and nvml["links"] == []
+    text = topology.parse_nvidia_topo_m((H200 / "topo.txt").read_text()).to_manifest()
+    assert [{k: v for k, v in d.items() if k != "pci_bus_id"} for d in nvml["devices"]] == text["devices"]
+    assert run["topo_fallback"] == text
