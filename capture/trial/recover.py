@@ -420,29 +420,60 @@ class WorkerFailed(Exception):
         self.reason = reason
 
 
-def run_worker(job: Mapping[str, Any], workdir: Path, name: str, timeout_s: float | None) -> dict[str, Any]:
-    """Run one fresh interpreter on ``job`` and return its result (see recover_worker)."""
-    job_path = workdir / f"{name}.job.json"
-    out_path = workdir / f"{name}.result.json"
-    job = dict(job, out=str(out_path))
-    atomic_write(job_path, json.dumps(job).encode())
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, "-m", WORKER_MODULE, str(job_path)]
-    try:
-        proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise WorkerFailed(f"restore worker ran past {timeout_s:.0f} s") from None
-    result: dict[str, Any] = {}
-    if out_path.exists():
-        result = json.loads(out_path.read_text())
-    if proc.returncode != 0 or "error" in result or "variants" not in result:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        reason = result.get("error") or (lines[-1] if lines else f"exit status {proc.returncode}")
-        raise WorkerFailed(reason)
-    return result
+class Worker:
+    """One fresh interpreter (``python -m capture.trial.recover_worker``), driven over stdin.
+
+    It is started before the reference run with only the setup (config, device, settings), so
+    its imports overlap with that run; it sees no training state until :meth:`start_job` names
+    the checkpoint. Two JSON lines in, a result file out (see recover_worker).
+    """
+
+    def __init__(self, name: str, setup: Mapping[str, Any], workdir: Path) -> None:
+        self.name = name
+        self.out = workdir / f"{name}.result.json"
+        self.err = workdir / f"{name}.stderr.txt"
+        env = dict(os.environ)
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        self._send(dict(setup, out=str(self.out)))
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died; result() reports why
+
+    def start_job(self, job: Mapping[str, Any]) -> None:
+        self._send(job)
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def result(self, timeout_s: float | None) -> dict[str, Any]:
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise WorkerFailed(f"the {self.name} process ran past {timeout_s:.0f} s") from None
+        result: dict[str, Any] = {}
+        if self.out.exists():
+            result = json.loads(self.out.read_text())
+        if code != 0 or "error" in result or "variants" not in result:
+            lines = [ln for ln in self.err.read_text(errors="replace").splitlines() if ln.strip()]
+            raise WorkerFailed(result.get("error") or (lines[-1] if lines else f"exit status {code}"))
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _sensitivity_entry(component: str, reason: str | None, variant: Mapping[str, Any] | None,
@@ -452,13 +483,16 @@ def _sensitivity_entry(component: str, reason: str | None, variant: Mapping[str,
         entry["note"] = reason
         return entry
     assert variant is not None
+    if "error" in variant:
+        entry["note"] = f"failed: {variant['error']}"
+        return entry
     step, diff, _ = compare_run(reference.losses[save_at_step:], reference.hashes, variant["losses"],
                                 (variant["param_hash"], variant["optimizer_hash"]), save_at_step)
     entry.update(depends=step is not None, loss_diff=diff)
     if step is not None:
         entry["diverged_at_step"] = step
     if not control_ok:
-        entry["note"] = "unreliable: the full restore in the same worker was not bit-exact either"
+        entry["note"] = "unreliable: the control (full restore, same process) was not bit-exact either"
     return entry
 
 
@@ -500,16 +534,71 @@ def config_from_dict(cls: Any, data: Mapping[str, Any]) -> Any:
 
 
 def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float | None = 1800) -> dict[str, Any]:
-    """Run the whole stage and return the ``[trial.recovery]`` table."""
+    """Run the whole stage and return the ``[trial.recovery]`` table.
+
+    One fresh interpreter does the restores: first the main one (what the config asks to
+    withhold, usually nothing), then one per applicable component for the sensitivity pass,
+    then the full restore again as a control. The main restore is the first thing that process
+    does with any training state; the control shows whether reusing the process for later
+    variants changed anything (``sensitivity_control``).
+    """
     t_start = time.perf_counter()
     k, n, withhold, sensitivity, seed = _recovery_settings(config)
     workdir = Path(workdir) / "recovery"
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = workdir / "checkpoint.pt"
-    settings = GlobalSettings.current()
+    dump_path = workdir / "resumed-params.pt"
+    outer = GlobalSettings.current()
+    settings = outer
+    if _device_type(device) == "cpu":
+        # Half the cores each, so the worker's start-up overlaps the reference run instead of
+        # fighting it (busy-waiting OpenMP threads slow down badly when oversubscribed); the
+        # count only has to be the same on both sides for the results to be comparable.
+        settings = dataclasses.replace(outer, num_threads=max(1, outer.num_threads // 2))
+    setup = {"config": config_to_dict(config), "device": str(device), "seed": seed,
+             "settings": dataclasses.asdict(settings)}
+    worker = Worker("restore", setup, workdir)  # imports while the reference runs
+    try:
+        log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
+        settings.apply()
+        try:
+            ref = run_reference(config, device, checkpoint, k, n)
+        finally:
+            outer.apply()
+        applicable = [c for c in COMPONENTS if ref.applicability[c] is None]
+        variants: list[dict[str, Any]] = [{"withhold": list(withhold), "full": True}]
+        if sensitivity:
+            variants += [{"withhold": [c], "stop_at_divergence": True} for c in applicable]
+            variants.append({"withhold": [], "stop_at_divergence": True, "control": True})
+        log.info("recovery: restoring in a fresh process%s%s",
+                 f" (withheld: {', '.join(withhold)})" if withhold else "",
+                 f", then {len(applicable)} sensitivity variants and a control" if sensitivity else "")
+        worker.start_job({"checkpoint": str(checkpoint), "save_at_step": k, "total_steps": n,
+                          "variants": variants, "reference_losses": ref.losses[k:],
+                          "dump_params_path": str(dump_path), "reference_param_hash": ref.param_hash})
+        table = _main_table(ref, withhold, k, n)
+        if _device_type(device) == "cpu":
+            table["cpu_threads"] = settings.num_threads
+        try:
+            results = worker.result(timeout_s)["variants"]
+            if "error" in results[0]:
+                raise WorkerFailed(results[0]["error"])
+        except WorkerFailed as exc:
+            table["verdict"] = f"failed: {exc.reason}"
+            table["elapsed_s"] = time.perf_counter() - t_start
+            log.warning("recovery: restore failed (%s); files kept in %s", exc.reason, workdir)
+            return table
+    finally:
+        worker.stop()
+    table.update(_main_result(ref, results[0], k, dump_path))
+    if sensitivity:
+        table.update(_sensitivity(ref, results[1:-1], results[-1], k))
+    table["elapsed_s"] = time.perf_counter() - t_start
+    _cleanup(workdir)
+    return table
 
-    log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
-    ref = run_reference(config, device, checkpoint, k, n)
+
+def _main_table(ref: Reference, withhold: tuple[str, ...], k: int, n: int) -> dict[str, Any]:
     table: dict[str, Any] = {
         "save_at_step": k,
         "total_steps": n,
@@ -522,86 +611,52 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
         "checkpoint_write_s": ref.checkpoint_write_s,
         "components_saved": [c for c in COMPONENTS if ref.applicability[c] is None],
     }
-    not_applicable_withheld = [c for c in withhold if ref.applicability[c] is not None]
-    if not_applicable_withheld:
-        table["withheld_not_applicable"] = not_applicable_withheld
-    base_job = {
-        "config": config_to_dict(config),
-        "device": str(device),
-        "seed": seed,
-        "settings": settings.__dict__,
-        "checkpoint": str(checkpoint),
-        "save_at_step": k,
-        "total_steps": n,
-    }
+    not_applicable = [c for c in withhold if ref.applicability[c] is not None]
+    if not_applicable:
+        table["withheld_not_applicable"] = not_applicable
+    return table
 
-    log.info("recovery: restoring in a fresh process%s", f" (withheld: {', '.join(withhold)})" if withhold else "")
-    dump_path = workdir / "resumed-params.pt"
-    try:
-        main = run_worker(dict(base_job, variants=[{"withhold": list(withhold), "full": True}],
-                               dump_params_path=str(dump_path), reference_param_hash=ref.param_hash),
-                          workdir, "restore", timeout_s)["variants"][0]
-    except WorkerFailed as exc:
-        table["verdict"] = f"failed: {exc.reason}"
-        table["elapsed_s"] = time.perf_counter() - t_start
-        log.warning("recovery: restore failed (%s); files kept in %s", exc.reason, workdir)
-        return table
 
+def _main_result(ref: Reference, main: Mapping[str, Any], k: int, dump_path: Path) -> dict[str, Any]:
     step, diff, losses_equal = compare_run(ref.losses[k:], ref.hashes, main["losses"],
                                            (main["param_hash"], main["optimizer_hash"]), k)
-    table.update(
-        verdict=verdict_text(step, losses_equal),
-        loss_diff=diff,
-        losses_resumed=main["losses"],
-        param_hash_resumed=main["param_hash"],
-        optimizer_hash_resumed=main["optimizer_hash"],
-        restore_load_s=main["restore_load_s"],
-    )
+    out: dict[str, Any] = {
+        "verdict": verdict_text(step, losses_equal),
+        "loss_diff": diff,
+        "losses_resumed": main["losses"],
+        "param_hash_resumed": main["param_hash"],
+        "optimizer_hash_resumed": main["optimizer_hash"],
+        "restore_load_s": main["restore_load_s"],
+    }
     if step is not None:
-        table["diverged_at_step"] = step
+        out["diverged_at_step"] = step
     if main.get("params_dumped"):
         import torch
 
         resumed = torch.load(dump_path, map_location="cpu", weights_only=True)
-        table["max_abs_param_diff"] = max_abs_param_diff(ref.params_cpu, resumed)
-        del resumed
+        out["max_abs_param_diff"] = max_abs_param_diff(ref.params_cpu, resumed)
     elif main["param_hash"] == ref.param_hash:
-        table["max_abs_param_diff"] = 0.0
-
-    if sensitivity:
-        table.update(_sensitivity(ref, base_job, workdir, k, timeout_s))
-
-    table["elapsed_s"] = time.perf_counter() - t_start
-    _cleanup(workdir)
-    return table
+        out["max_abs_param_diff"] = 0.0
+    return out
 
 
-def _sensitivity(ref: Reference, base_job: Mapping[str, Any], workdir: Path, k: int,
-                 timeout_s: float | None) -> dict[str, Any]:
-    applicable = [c for c in COMPONENTS if ref.applicability[c] is None]
-    # The control (nothing withheld) shows whether reusing one worker for every variant is sound.
-    variants = [{"withhold": [], "stop_at_divergence": True}] + [
-        {"withhold": [c], "stop_at_divergence": True} for c in applicable]
-    log.info("recovery: sensitivity pass over %d components in one fresh process", len(applicable))
-    try:
-        results = run_worker(dict(base_job, variants=variants, reference_losses=ref.losses[k:]),
-                             workdir, "sensitivity", timeout_s)["variants"]
-    except WorkerFailed as exc:
-        return {"sensitivity_control": f"failed: {exc.reason}"}
-    control = results[0]
-    c_step, _, c_losses_equal = compare_run(ref.losses[k:], ref.hashes, control["losses"],
-                                            (control["param_hash"], control["optimizer_hash"]), k)
-    control_ok = c_step is None
-    by_component = {v["withhold"][0]: v for v in results[1:]}
+def _sensitivity(ref: Reference, variants: Sequence[Mapping[str, Any]], control: Mapping[str, Any],
+                 k: int) -> dict[str, Any]:
+    if "error" in control:
+        control_text, control_ok = f"failed: {control['error']}", False
+    else:
+        c_step, _, c_losses_equal = compare_run(ref.losses[k:], ref.hashes, control["losses"],
+                                                (control["param_hash"], control["optimizer_hash"]), k)
+        control_text, control_ok = verdict_text(c_step, c_losses_equal), c_step is None
+    by_component = {v["withhold"][0]: v for v in variants}
     entries = [_sensitivity_entry(c, ref.applicability[c], by_component.get(c), ref, k, control_ok)
                for c in COMPONENTS]
-    return {"sensitivity_control": verdict_text(c_step, c_losses_equal),
-            "sensitivity": entries}
+    return {"sensitivity_control": control_text, "sensitivity": entries}
 
 
 def _cleanup(workdir: Path) -> None:
     for p in workdir.iterdir():
-        if p.is_file() and (p.suffix in (".pt", ".json") or p.name == "trial-config.toml"):
+        if p.is_file() and p.suffix in (".pt", ".json", ".txt"):
             p.unlink()
     try:
         workdir.rmdir()
