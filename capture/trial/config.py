@@ -19,7 +19,7 @@ Layout (see docs/trial.md for every key)::
                        repo_id, revision, text_field, files, validation_fraction, synthetic_sequences
     [trial.validation] every_steps, batches
     [trial.checkpoint] enabled, every_steps
-    [trial.recovery]   enabled, save_at_step, total_steps, withhold
+    [trial.recovery]   enabled, save_at_step, total_steps, withhold, sensitivity
 """
 
 from __future__ import annotations
@@ -151,6 +151,8 @@ class RecoveryConfig:
     """n: steps of the uninterrupted reference run."""
     withhold: tuple[str, ...] = ()
     """Components deliberately left out of the checkpoint (to show what breaks)."""
+    sensitivity: bool = True
+    """Also restore with each component left out in turn, to show which ones this run needs."""
 
 
 @dataclass(frozen=True)
@@ -391,6 +393,9 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
 
     p = t.table("precision")
     precision = PrecisionConfig(dtype=p.choice("dtype", DTYPES, "fp32"), autocast=p.get("autocast", bool, True))
+    if precision.dtype == "fp16" and not precision.autocast:
+        raise p.err("autocast", 'fp16 weights cannot be trained with a GradScaler; set autocast = true '
+                                '(fp32 weights, fp16 compute) or use dtype = "bf16"')
     p.done()
 
     b = t.table("batch")
@@ -435,7 +440,8 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
             extra = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(RECOVERY_COMPONENTS)}"
             raise r.err("withhold", f"unknown component {w!r}{extra}")
     recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1),
-                              total_steps=r.int("total_steps", 4, 2), withhold=withhold)
+                              total_steps=r.int("total_steps", 4, 2), withhold=withhold,
+                              sensitivity=r.get("sensitivity", bool, True))
     if recovery.total_steps <= recovery.save_at_step:
         raise r.err("total_steps", f"must be > save_at_step ({recovery.save_at_step}), got {recovery.total_steps}")
     r.done()

@@ -1,0 +1,296 @@
+"""Fit and headroom: out-of-memory as a result, the largest micro-batch, the accelerator catalog.
+
+An out-of-memory step is an answer ("does not fit"), never a crash: :func:`is_oom` recognises
+``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), ``MemoryError`` and the CPU
+allocator's ``RuntimeError`` ("can't allocate memory"). :func:`find_max_batch` searches, with
+real full training steps, for the largest micro-batch that leaves the configured headroom free.
+
+The catalog (capture/data/accelerators.toml, overridable) names memory and dense peak FLOP/s per
+card. Untested cards get memory-fit answers only, never speed figures (DESIGN decision 5).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from capture.errors import ConfigError
+
+DEFAULT_HEADROOM = 0.10
+USER_CATALOG = Path("~/.config/capture/accelerators.toml")
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    vendor: str
+    match: str
+    """Case-insensitive regular expression searched in the device name."""
+    memory_bytes: int
+    peak_bf16_dense_flops: float | None = None
+    price_per_hour: float | None = None
+    source: str = "shipped"
+
+    def matches(self, device_name: str) -> bool:
+        return re.search(self.match, device_name, re.I) is not None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    cards: tuple[Card, ...]
+    sources: tuple[str, ...]
+
+    def match(self, device_name: str | None) -> Card | None:
+        if not device_name:
+            return None
+        return next((c for c in self.cards if c.matches(device_name)), None)
+
+    def get(self, name: str) -> Card | None:
+        return next((c for c in self.cards if c.name == name), None)
+
+
+def _parse_catalog(text: str, source: str) -> list[Card]:
+    hint = f"fix {source}; see capture/data/accelerators.toml for the format"
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+    unknown = [k for k in doc if k != "accelerator"]
+    if unknown:
+        raise ConfigError(f"{source}: {unknown[0]}: unknown key (the file holds [[accelerator]] tables)", hint)
+    entries = doc.get("accelerator", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{source}: accelerator must be an array of tables ([[accelerator]])", hint)
+    known = {"name", "vendor", "match", "memory_bytes", "peak_bf16_dense_flops", "price_per_hour"}
+    cards = []
+    for i, e in enumerate(entries):
+        where = f"{source}: accelerator[{i}]"
+        extra = sorted(set(e) - known)
+        if extra:
+            raise ConfigError(f"{where}.{extra[0]}: unknown key; known: {', '.join(sorted(known))}", hint)
+        name = e.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: required (a string)", hint)
+        mem = e.get("memory_bytes")
+        if isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0:
+            raise ConfigError(f"{where}.memory_bytes: must be a positive integer, got {mem!r}", hint)
+        match = e.get("match", re.escape(name))
+        try:
+            re.compile(match)
+        except (re.error, TypeError) as exc:
+            raise ConfigError(f"{where}.match: not a regular expression ({exc})", hint) from None
+        numbers = {}
+        for key in ("peak_bf16_dense_flops", "price_per_hour"):
+            v = e.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise ConfigError(f"{where}.{key}: must be a positive number, got {v!r}", hint)
+            numbers[key] = float(v) if v is not None else None
+        cards.append(Card(name=name, vendor=str(e.get("vendor", "")), match=match, memory_bytes=mem,
+                          source=source, **numbers))
+    return cards
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """The shipped catalog, overlaid by ~/.config/capture/accelerators.toml and then ``path``
+    (entries with the same name replace earlier ones; new names are added)."""
+    shipped = (resources.files("capture") / "data" / "accelerators.toml").read_text(encoding="utf-8")
+    by_name: dict[str, Card] = {c.name: c for c in _parse_catalog(shipped, "capture/data/accelerators.toml")}
+    sources = ["capture/data/accelerators.toml"]
+    layers = [USER_CATALOG.expanduser()]
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--catalog: {p} is not a file", "name an accelerators.toml file")
+        layers.append(p)
+    for p in layers:
+        if not p.is_file():
+            continue
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
+        for card in _parse_catalog(text, str(p)):
+            by_name[card.name] = card
+        sources.append(str(p))
+    return Catalog(tuple(by_name.values()), tuple(sources))
+
+
+def cards_fit(measured_bytes: int, headroom: float, catalog: Catalog, tested: Card | None, basis: str) -> list[dict[str, Any]]:
+    """Which catalog cards hold ``measured_bytes`` with ``headroom`` left free (memory only)."""
+    out = []
+    for c in catalog.cards:
+        usable = int(c.memory_bytes * (1 - headroom))
+        free = c.memory_bytes - measured_bytes
+        out.append({"name": c.name, "memory_bytes": c.memory_bytes, "usable_bytes": usable,
+                    "fits": measured_bytes <= usable, "margin_bytes": usable - measured_bytes,
+                    "headroom_bytes": free, "headroom_fraction": free / c.memory_bytes,
+                    "tested": tested is not None and c.name == tested.name, "basis": basis})
+    return out
+
+
+# --------------------------------------------------------------------------- out of memory
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Is this the device (or host) running out of memory?"""
+    import torch
+
+    oom_types: tuple[type[BaseException], ...] = (MemoryError,)
+    for holder in (torch, torch.cuda):
+        t = getattr(holder, "OutOfMemoryError", None)
+        if isinstance(t, type):
+            oom_types += (t,)
+    if isinstance(exc, oom_types):
+        return True
+    if isinstance(exc, RuntimeError):
+        msg = str(exc)
+        return any(s in msg for s in ("can't allocate memory", "CUDA out of memory", "HIP out of memory",
+                                      "out of memory", "Cannot allocate memory"))
+    return False
+
+
+def oom_text(exc: BaseException) -> str:
+    """The first line of the error, without the allocator's long advice."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    text = text.split(" If reserved but unallocated")[0]
+    return f"{type(exc).__name__}: {text}"[:400]
+
+
+def release_memory(device: Any) -> None:
+    """Give freed memory back (between candidates and after an out-of-memory step)."""
+    gc.collect()
+    if getattr(device, "type", "") == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    else:
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class Candidate:
+    micro_batch: int
+    fits: bool
+    device_used_bytes: int | None
+    reason: str
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"micro_batch": self.micro_batch, "fits": self.fits, "device_used_bytes": self.device_used_bytes,
+                "reason": self.reason}
+
+
+def try_micro_batch(config: Any, device: Any, micro_batch: int, usable_bytes: int, steps: int = 2,
+                    memory: Any = None) -> Candidate:
+    """Build the workload at ``micro_batch`` and run ``steps`` full training steps (the first
+    creates the optimizer state); fits when no step ran out of memory and the device used no
+    more than ``usable_bytes``."""
+    from capture.trial.devmem import DeviceMemory
+    from capture.trial.workload import build_workload
+
+    cfg = config.with_overrides(micro_batch_size=micro_batch)
+    dm = memory if memory is not None else DeviceMemory(device)
+    release_memory(device)
+    wl = None
+    try:
+        dm.reset_peaks()
+        wl = build_workload(cfg, device)
+        for _ in range(steps):
+            wl.train_step_async()
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(device)
+        reading = dm.read()
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        wl = None
+        return Candidate(micro_batch, False, None, f"does not fit: {oom_text(exc)}")
+    finally:
+        del wl
+        release_memory(device)
+    used = reading.device_used_bytes
+    if used is None and reading.peak_reserved_bytes is not None:
+        used = reading.peak_reserved_bytes
+    if used is not None and used > usable_bytes:
+        return Candidate(micro_batch, False, used, f"used {used} bytes, more than the {usable_bytes} usable with headroom")
+    return Candidate(micro_batch, True, used, "completed full steps within the headroom")
+
+
+def find_max_batch(config: Any, device: Any, limit_bytes: int, limit_source: str, headroom: float,
+                   max_batch: int = 1024, progress: Callable[[str], None] | None = None,
+                   memory: Any = None) -> dict[str, Any]:
+    """The largest micro-batch that completes full steps with ``headroom`` of ``limit_bytes``
+    free: doubling from 1, then bisection between the last success and the first failure."""
+    usable = int(limit_bytes * (1 - headroom))
+    fraction_set = False
+    if device.type == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(device).total_memory
+        if limit_bytes < total:  # emulate a smaller card: the allocator fails at the limit
+            torch.cuda.set_per_process_memory_fraction(limit_bytes / total, device)
+            fraction_set = True
+    tried: dict[int, Candidate] = {}
+
+    def attempt(mb: int) -> bool:
+        c = try_micro_batch(config, device, mb, usable, memory=memory)
+        tried[mb] = c
+        if progress:
+            progress(f"micro-batch {mb}: {'fits' if c.fits else 'does not fit'}"
+                     + (f" ({c.device_used_bytes / 2**20:.0f} MiB)" if c.device_used_bytes else ""))
+        return c.fits
+
+    try:
+        good, bad, mb = 0, None, 1
+        while mb <= max_batch:
+            if attempt(mb):
+                good, mb = mb, mb * 2
+            else:
+                bad = mb
+                break
+        if bad is None and good < max_batch:
+            if attempt(max_batch):
+                good = max_batch
+            else:
+                bad = max_batch
+        while bad is not None and bad - good > 1:
+            mid = (good + bad) // 2
+            if attempt(mid):
+                good = mid
+            else:
+                bad = mid
+    finally:
+        if fraction_set:
+            import torch
+
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+    result: dict[str, Any] = {
+        "limit_bytes": limit_bytes, "limit_source": limit_source, "headroom": headroom, "usable_bytes": usable,
+        "steps_per_candidate": 2, "grad_accum": config.batch.grad_accum, "max_micro_batch_searched": max_batch,
+        "candidates": [tried[k].to_manifest() for k in sorted(tried)],
+    }
+    if good:
+        result["max_micro_batch"] = good
+    else:
+        result["max_micro_batch_note"] = "not even a micro-batch of 1 fits"
+    if bad is None:
+        result["capped"] = True
+    return result

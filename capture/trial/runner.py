@@ -1,0 +1,508 @@
+"""Run the staged trial in order and write its results, signed, after the stack they ran on.
+
+Stages: config → fingerprint (stack first) → framework and CUDA context (measured) → workload →
+memory estimate (before any step) → warm-up and measured steps → validation → checkpoint write
+→ optional largest-micro-batch search → recoverability (fresh process; capture.trial.recover) →
+cost → report (capture.trial.report) → signed manifest.
+
+The ``[trial]`` table::
+
+    config_toml          the config file exactly as written (absent for an example: config_source says which)
+    config_source        a path, or "example:NAME"
+    [trial.overrides]    command-line overrides applied on top of the file (method, steps, ...)
+    [trial.run]          the resolved definition: name, seed, device, device_name, method,
+                         params_total, params_trainable (measured from the built model), trainable_share,
+                         max_seq_len, micro_batch_size, grad_accum, tokens_per_step, warmup_steps,
+                         measured_steps, [model] (source, repo_id, revision, commit, path, architecture,
+                         model_type, class, attn_implementation, vocab_size, weights), [lora],
+                         [optimizer], [scheduler], [precision], [data], [validation_schedule]
+    [trial.memory]       [estimate] (total_bytes, allocator_bytes, one table per term: bytes, formula,
+                         inputs), [measured] (device_type, peak_allocated_bytes, peak_reserved_bytes,
+                         device_used_bytes, device_used_source, allocator_gap_bytes, device_total_bytes,
+                         device_total_source), estimate_error, estimate_error_basis,
+                         allocator_estimate_error, context_bytes
+    [trial.steps]        step_time_s, data_wait_s, loss, tokens (measured steps), warmup_step_time_s, clock
+    [trial.stats]        measured_steps, step_time_median_s, step_time_mean_s, step_time_p90_s,
+                         step_time_p99_s, step_time_min_s, step_time_max_s, step_time_cv,
+                         data_wait_total_s, stall_share, tokens_per_step, tokens_per_s, mfu,
+                         peak_flops, peak_flops_source, flops_per_token, flops_formula (or mfu_note), clock
+    [trial.validation]   duration_s, batches, tokens, tokens_per_s, loss (or skipped)
+    [trial.checkpoint]   duration_s, size_bytes, bytes_per_s, fsync, contents (or skipped)
+    [trial.fit]          fits, verdict, oom, failed_at, headroom, limit_bytes, limit_source,
+                         measured_bytes, measured_basis, [search] (max_micro_batch, candidates, ...),
+                         [[cards]] (name, memory_bytes, usable_bytes, fits, margin_bytes, tested, basis)
+    [trial.recovery]     written by capture.trial.recover (or skipped)
+    [trial.cost]         wall_total_s, [phases], trained_tokens, price_per_hour, price_source,
+                         trial_cost, cost_per_million_trained_tokens, [projection]
+    [trial.report]       html, html_sha256 (or skipped)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from capture import manifest as mf
+from capture.trial.config import TrialConfig
+from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
+from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text, release_memory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """What the command line (or a caller) asks of a trial beyond its config."""
+
+    output: Path | None = None
+    key: Path | None = None
+    principal: str | None = None
+    recovery: bool = True
+    report: bool = True
+    find_max_batch: bool = False
+    headroom: float = DEFAULT_HEADROOM
+    memory_limit_bytes: int | None = None
+    max_batch: int = 1024
+    catalog: Path | None = None
+    price_per_hour: float | None = None
+    target_tokens: int | None = None
+    target_epochs: float | None = None
+    workdir: Path | None = None
+    deep: bool = False
+    code: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    path: Path
+    manifest: dict[str, Any]
+    html: Path | None
+    terminal: str
+
+
+def default_output(name: str, folder: Path | None = None) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return (folder or Path.cwd()) / f"trial-{name}-{stamp}.toml"
+
+
+def write_manifest(path: Path, manifest: dict[str, Any], key: Path | str | None, principal: str | None) -> Path:
+    """Write ``manifest`` signed with ``key`` (default: the user's key, created on first use)."""
+    body = mf.dumps(manifest)
+    try:
+        from capture import signing
+    except ImportError:  # the signing module ships with capture; this only guards a broken install
+        mf.write(path, manifest)
+        sys.stderr.write("capture: signing unavailable; the manifest was written UNSIGNED\n")
+        return path
+    key_path = Path(key) if key else signing.ensure_default_key()
+    signing.write_signed(path, body, key_path, principal)
+    return path
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _fsync_save(obj: Any, path: Path) -> int:
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return path.stat().st_size
+
+
+def _artifact_specs(config: TrialConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    m, d = config.model, config.data
+    models: tuple[str, ...] = ()
+    if m.source == "hub":
+        models = (f"{m.repo_id}@{m.revision}" if m.revision else str(m.repo_id),)
+    elif m.source == "local":
+        models = (str(config.resolve_path(m.path or "")),)
+    datasets: tuple[str, ...] = ()
+    if d.source == "hub":
+        datasets = (f"{d.repo_id}@{d.revision}" if d.revision else str(d.repo_id),)
+    elif d.source == "local":
+        datasets = (str(config.resolve_path(d.path or "")),)
+    return models, datasets
+
+
+def _quiet_libraries() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    for mod in ("transformers", "peft", "torch"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
+        warnings.filterwarnings("ignore", category=UserWarning, module=mod)
+
+
+def _gib(n: int | float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None = None,
+              progress: Callable[[str], None] | None = None) -> TrialOutcome:
+    """Run every stage and write the signed manifest. Returns where it went and what it holds."""
+    timer = timer or PhaseTimer()
+    say = progress or (lambda msg: sys.stderr.write(f"capture: {msg}\n"))
+    output = Path(opts.output) if opts.output else default_output(config.name)
+    if not output.parent.is_dir():
+        from capture.errors import UsageError
+
+        raise UsageError(f"-o: folder {output.parent} does not exist", "create it first or choose another path")
+
+    with timer.phase("config"):
+        catalog = load_catalog(opts.catalog)
+    with timer.phase("import_framework"):
+        import torch
+
+        from capture.trial import devmem
+        from capture.trial.memory import estimate, relative_error, shape_of
+        from capture.trial.recorder import Recorder, device_name
+        from capture.trial.workload import build_workload, resolve_device
+
+        _quiet_libraries()
+        if config.method == "lora":
+            import peft  # noqa: F401  (its import time belongs to this phase, not to loading)
+        device = resolve_device(config.device)
+    dm = devmem.DeviceMemory(device)
+    dm.before_context()  # before this process touches the device: the context is measured, not assumed
+
+    with timer.phase("fingerprint"):
+        from capture.fingerprint import collect
+        from capture.probes import ProbeOptions
+
+        models, datasets = _artifact_specs(config)
+        manifest = collect(ProbeOptions(models=models, datasets=datasets, code=opts.code, deep=opts.deep,
+                                        progress=False), kind="trial")
+
+    with timer.phase("device_context"):
+        if device.type == "cuda":
+            torch.zeros(1, device=device)
+            _sync(device)
+            overhead, overhead_src = dm.context_bytes(), "CUDA context: device memory gained when this process first used the device"
+            if opts.memory_limit_bytes:
+                total = torch.cuda.get_device_properties(device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, opts.memory_limit_bytes / total), device)
+        else:
+            overhead, overhead_src = devmem.rss_bytes(), "RSS of this process after importing the framework, before the model"
+        name = device_name(device)
+    tested_card = catalog.match(name)
+
+    trial: dict[str, Any] = {"config_source": config.source, "config_toml": config.source_text}
+    if opts.overrides:
+        trial["overrides"] = {k: v for k, v in opts.overrides.items() if v is not None}
+
+    workdir_created = opts.workdir is None
+    workdir = Path(opts.workdir) if opts.workdir else Path(tempfile.mkdtemp(prefix=".capture-trial-", dir=output.parent))
+    workdir.mkdir(parents=True, exist_ok=True)
+    oom: str | None = None
+    failed_at: str | None = None
+    wl = None
+    est = None
+    rec = None
+    completed_steps = 0
+    try:
+        say(f"building the {config.method} workload on {device} ({name})")
+        with timer.phase("load"):
+            try:
+                wl = build_workload(config, device)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                oom, failed_at = oom_text(exc), "building the model"
+        run = _run_table(config, device, name, wl)
+        trial["run"] = run
+
+        if wl is not None:
+            with timer.phase("estimate"):
+                p = config.precision
+                est = estimate(shape=shape_of(wl.model), params_total=wl.params_total, params_trainable=wl.params_trainable,
+                               weight_dtype=_short_dtype(wl), precision=p.dtype, autocast=p.autocast,
+                               optimizer=config.optimizer.name, momentum=config.optimizer.momentum,
+                               micro_batch=config.batch.micro_batch_size, seq_len=config.batch.max_seq_len,
+                               device_type=device.type, framework_overhead_bytes=overhead,
+                               framework_overhead_source=overhead_src)
+            say(f"memory estimate before running: {_gib(est.total_bytes)} "
+                + ", ".join(f"{t.name} {_gib(t.bytes)}" for t in est.terms))
+
+            w, n = config.warmup_steps, config.measured_steps
+            say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
+            with timer.phase("steps"):
+                rec = Recorder(device, warmup_steps=w, precision=p.dtype,
+                               params_total=wl.params_total, params_trainable=wl.params_trainable, catalog=catalog,
+                               memory=dm, expected_steps=w + n)
+                try:
+                    with rec:
+                        batches = rec.batches(wl.loader)
+                        for _ in range(w + n):
+                            loss = wl.train_step_async(batches)
+                            rec.step(tokens=wl.tokens_per_step, loss=loss)
+                except Exception as exc:
+                    if not is_oom(exc):
+                        raise
+                    oom, failed_at = oom_text(exc), f"training step {rec.steps + 1} of {w + n}"
+                completed_steps = rec.steps
+            result = rec.result
+            trial["memory"] = _memory_table(est, result.memory, overhead)
+            trial["steps"] = result.steps_table()
+            trial["stats"] = result.stats_table() if oom is None else {"skipped": f"the run did not fit ({failed_at})"}
+
+            if oom is None:
+                with timer.phase("validation"):
+                    trial["validation"] = _validation(wl, config, device)
+                with timer.phase("checkpoint"):
+                    trial["checkpoint"] = _checkpoint(wl, config, workdir)
+            else:
+                trial["validation"] = {"skipped": "the training step did not fit"}
+                trial["checkpoint"] = {"skipped": "the training step did not fit"}
+        else:
+            trial["memory"] = {"estimate_skipped": "the model did not fit"}
+
+        train_tokens_in_data = run.get("data", {}).get("train_tokens")
+        tokens_per_step = config.tokens_per_step
+        del wl
+        wl = None
+        release_memory(device)
+
+        fit = _fit_table(oom, failed_at, trial.get("memory", {}).get("measured"), opts, dm, catalog, tested_card)
+        if opts.find_max_batch:
+            limit, limit_src = _limit(opts, dm)
+            say(f"searching the largest micro-batch within {_gib(limit)} with {opts.headroom:.0%} headroom")
+            with timer.phase("fit_search"):
+                fit["search"] = find_max_batch(config, device, limit, limit_src, opts.headroom, opts.max_batch,
+                                               progress=say, memory=dm)
+        trial["fit"] = fit
+
+        if not (opts.recovery and config.recovery.enabled):
+            trial["recovery"] = {"skipped": "--no-recovery" if not opts.recovery else "trial.recovery.enabled = false"}
+        elif oom is not None:
+            trial["recovery"] = {"skipped": "the training step did not fit"}
+        else:
+            say("recoverability: checkpoint, restore in a fresh process, compare")
+            with timer.phase("recovery"):
+                trial["recovery"] = _recovery(config, device, workdir)
+
+        stats = trial.get("stats", {})
+        projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
+        price = resolve_price(opts.price_per_hour, tested_card)
+        trial["cost"] = cost_table(timer=timer, wall_total_s=timer.total_s(), price=price,
+                                   trained_tokens=completed_steps * tokens_per_step, completed_steps=completed_steps,
+                                   projection=projection, device_name=name)
+        trial["cost"]["wall_clock_note"] = ("from the start of the trial command to the cost table; the report, "
+                                            "signing and writing the manifest come after it")
+        manifest["trial"] = trial
+
+        html, terminal = None, ""
+        if opts.report:
+            t_report = time.perf_counter()
+            html, terminal, report_table = _report(manifest, output)
+            report_table["duration_s"] = time.perf_counter() - t_report
+            trial["report"] = report_table
+        else:
+            trial["report"] = {"skipped": "--no-report"}
+        write_manifest(output, manifest, opts.key, opts.principal)
+    finally:
+        if wl is not None:
+            del wl
+        if workdir_created:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return TrialOutcome(output, manifest, html, terminal)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _run_table(config: TrialConfig, device: Any, name: str, wl: Any) -> dict[str, Any]:
+    run: dict[str, Any] = {
+        "name": config.name, "seed": config.seed, "device": str(device), "device_name": name, "method": config.method,
+        "max_seq_len": config.batch.max_seq_len, "micro_batch_size": config.batch.micro_batch_size,
+        "grad_accum": config.batch.grad_accum, "tokens_per_step": config.tokens_per_step,
+        "warmup_steps": config.warmup_steps, "measured_steps": config.measured_steps,
+        "validation_schedule": {"every_steps": config.validation.every_steps, "batches": config.validation.batches},
+        "checkpoint_schedule": {"enabled": config.checkpoint.enabled, "every_steps": config.checkpoint.every_steps},
+    }
+    if wl is None:
+        run["model"] = {"source": config.model.source}
+        run["precision"] = {"dtype": config.precision.dtype, "autocast": config.precision.autocast}
+        return run
+    run["params_total"] = wl.params_total
+    run["params_trainable"] = wl.params_trainable
+    run["trainable_share"] = wl.params_trainable / wl.params_total if wl.params_total else 0.0
+    run["params_source"] = "counted from the built model (shared weights once)"
+    for key, value in wl.info.items():
+        run[key] = value
+    return run
+
+
+def _short_dtype(wl: Any) -> str:
+    dtype = str(next(wl.model.parameters()).dtype).removeprefix("torch.")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
+
+
+def _memory_table(est: Any, reading: Any, overhead: int | None) -> dict[str, Any]:
+    from capture.trial.memory import relative_error
+
+    measured = reading.to_manifest()
+    out: dict[str, Any] = {"estimate": est.to_manifest(), "measured": measured}
+    if overhead is not None:
+        out["framework_overhead_bytes"] = overhead
+    err = relative_error(est.total_bytes, reading.device_used_bytes)
+    if err is not None:
+        out["estimate_error"] = err
+        out["estimate_error_basis"] = f"(estimate total - measured device use) / measured device use; measured: {reading.device_used_source}"
+    if reading.peak_allocated_bytes:
+        out["allocator_estimate_error"] = relative_error(est.allocator_bytes, reading.peak_allocated_bytes)
+    return out
+
+
+def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
+    if wl.val_source is None:
+        return {"skipped": "trial.data.validation_fraction = 0: no held-out data"}
+    batches = config.validation.batches
+    _sync(device)
+    t0 = time.perf_counter()
+    try:
+        loss = wl.evaluate(batches)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        return {"skipped": f"validation did not fit: {oom_text(exc)}"}
+    _sync(device)
+    dt = time.perf_counter() - t0
+    tokens = batches * config.batch.micro_batch_size * config.batch.max_seq_len
+    return {"duration_s": dt, "batches": batches, "tokens": tokens, "tokens_per_s": tokens / dt if dt else None,
+            "loss": loss, "every_steps": config.validation.every_steps}
+
+
+def _checkpoint(wl: Any, config: TrialConfig, workdir: Path) -> dict[str, Any]:
+    if not config.checkpoint.enabled:
+        return {"skipped": "trial.checkpoint.enabled = false"}
+    path = workdir / "checkpoint.pt"
+    state = {"model": wl.model.state_dict(), "optimizer": wl.optimizer.state_dict(),
+             "scheduler": wl.scheduler.state_dict(), "loader": wl.loader.state_dict()}
+    if wl.scaler is not None:
+        state["scaler"] = wl.scaler.state_dict()
+    _sync(wl.device)
+    t0 = time.perf_counter()
+    size = _fsync_save(state, path)
+    dt = time.perf_counter() - t0
+    path.unlink()
+    return {"duration_s": dt, "size_bytes": size, "bytes_per_s": size / dt if dt else None, "fsync": True,
+            "contents": sorted(state), "format": "torch.save", "every_steps": config.checkpoint.every_steps,
+            "note": "written to the trial's work folder (beside the manifest) and removed; the time includes fsync"}
+
+
+def _limit(opts: TrialOptions, dm: Any) -> tuple[int, str]:
+    if opts.memory_limit_bytes:
+        return opts.memory_limit_bytes, "--memory-limit"
+    total, src = dm.total_bytes()
+    if total is None:
+        from capture.errors import UsageError
+
+        raise UsageError("the device's memory size is unknown", "pass --memory-limit BYTES")
+    return total, src
+
+
+def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] | None, opts: TrialOptions,
+               dm: Any, catalog: Any, tested_card: Any) -> dict[str, Any]:
+    limit, limit_src = _limit(opts, dm)
+    headroom = opts.headroom
+    out: dict[str, Any] = {"headroom": headroom, "limit_bytes": limit, "limit_source": limit_src}
+    if oom is not None:
+        out.update(fits=False, verdict=f"does not fit: out of memory at {failed_at}", oom=oom, failed_at=failed_at)
+        return out
+    used = (measured or {}).get("device_used_bytes")
+    basis = (measured or {}).get("device_used_source", "")
+    if used is None:
+        used = (measured or {}).get("peak_reserved_bytes")
+        basis = "peak reserved by the allocator (no device-level reading)"
+    out["measured_bytes"] = used
+    out["measured_basis"] = basis
+    if used is None:
+        out.update(fits=True, verdict="completed full steps; memory use unknown, headroom not checked")
+        return out
+    usable = int(limit * (1 - headroom))
+    out["usable_bytes"] = usable
+    if used <= usable:
+        out.update(fits=True, verdict=f"fits: full steps completed with at least {headroom:.0%} of {limit_src} free")
+    else:
+        out.update(fits=False, verdict=f"does not fit with {headroom:.0%} headroom: used {used} bytes, usable {usable}")
+    card_basis = basis if getattr(dm, "type", "") == "cuda" else f"{basis}; the CUDA context is not included"
+    out["cards"] = cards_fit(used, headroom, catalog, tested_card, card_basis)
+    out["cards_note"] = "memory only: cards that were not tested get no speed figures"
+    return out
+
+
+def _recovery(config: TrialConfig, device: Any, workdir: Path) -> dict[str, Any]:
+    try:
+        from capture.trial.recover import run_recoverability
+    except ImportError as exc:
+        return {"skipped": f"capture.trial.recover unavailable ({exc})"}
+    try:
+        return run_recoverability(config, device, workdir)
+    except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
+        from capture.errors import CaptureError
+
+        if isinstance(exc, CaptureError):
+            raise
+        log.debug("recoverability failed", exc_info=True)
+        return {"skipped": f"recoverability check failed: {type(exc).__name__}: {exc}"}
+
+
+def _projection(opts: TrialOptions, stats: dict[str, Any], trial: dict[str, Any], tokens_per_step: int,
+                train_tokens: int | None, config: TrialConfig, timer: PhaseTimer) -> Projection | None:
+    if opts.target_tokens is None and opts.target_epochs is None:
+        return None
+    mean = stats.get("step_time_mean_s")
+    if mean is None:
+        return None
+    if opts.target_tokens is not None:
+        target, source = opts.target_tokens, "--target-tokens"
+    else:
+        if not train_tokens:
+            return None
+        target = int(opts.target_epochs * train_tokens)  # type: ignore[operator]
+        source = f"--target-epochs {opts.target_epochs:g} x {train_tokens} training tokens in the data set"
+    val = trial.get("validation", {}).get("duration_s")
+    ckpt = trial.get("checkpoint", {}).get("duration_s")
+    fixed = sum(timer.phases.get(k, 0.0) for k in ("import_framework", "device_context", "load"))
+    return project(target, source, tokens_per_step, mean, val, config.validation.every_steps, ckpt,
+                   config.checkpoint.every_steps, fixed)
+
+
+def _report(manifest: dict[str, Any], output: Path) -> tuple[Path | None, str, dict[str, Any]]:
+    try:
+        from capture.trial import report
+    except ImportError as exc:
+        return None, _fallback_summary(manifest), {"skipped": f"capture.trial.report unavailable ({exc})"}
+    html_path = output.with_suffix(".html")
+    terminal = report.render_terminal(manifest)
+    report.write_html(manifest, html_path)
+    digest = hashlib.sha256(html_path.read_bytes()).hexdigest()
+    return html_path, terminal, {"html": html_path.name, "html_sha256": digest}
+
+
+def _fallback_summary(manifest: dict[str, Any]) -> str:
+    t = manifest.get("trial", {})
+    s, f = t.get("stats", {}), t.get("fit", {})
+    lines = [f"trial {t.get('run', {}).get('name')}: {f.get('verdict', '')}"]
+    if "step_time_median_s" in s:
+        lines.append(f"step time median {s['step_time_median_s']:.4f} s, p90 {s['step_time_p90_s']:.4f} s, "
+                     f"CV {s['step_time_cv']:.3f}, {s.get('tokens_per_s') or 0:.0f} tokens/s")
+    return "\n".join(lines) + "\n"
