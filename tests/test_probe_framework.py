@@ -134,6 +134,17 @@ def test_rocm_wheel_tree(tmp_path: Path) -> None:
     assert info.deep_only == ("arch_list", "miopen_version", "rccl_version")
 
 
+def test_rocm_sonames_are_not_taken_for_library_versions(tmp_path: Path) -> None:
+    # /opt/rocm-6.2 ships librccl.so.1.0.60200 for RCCL 2.20.5: the soname tells the ROCm release.
+    site = torch_tree(tmp_path / "site", "torch-2.6.0.dev20240918+rocm6.2-version.py")
+    touch(site / "torch/lib/librccl.so.1.0.60200")
+    touch(site / "torch/lib/libMIOpen.so.1.0.60200")
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert info.rccl_version is None and info.miopen_version is None
+    assert info.libraries == {"miopen": "torch/lib/libMIOpen.so.1.0.60200", "rccl": "torch/lib/librccl.so.1.0.60200"}
+
+
 def test_no_torch_is_skipped(tmp_path: Path) -> None:
     assert framework.probe(ProbeOptions(), path=[str(tmp_path)]) == Skipped("torch is not installed")
 

@@ -151,7 +151,8 @@ def _library_files(site: Path, torch_dir: Path) -> dict[str, tuple[str | None, s
     """(version from the file name or None, path relative to site) for each library found.
 
     ``libcudnn.so.9.1.0`` tells the version; ``libcudnn.so.9`` only the major, and ROCm's
-    ``libMIOpen.so`` nothing, so those give no version, only where the library lives.
+    ``libMIOpen.so`` / ``librccl.so.1.0.60200`` not the library's own, so those give no version,
+    only where the library lives.
     """
     folders = [torch_dir / "lib"]
     folders += sorted(site.glob("nvidia/*/lib")) + sorted(site.glob("_rocm_sdk_*/lib"))
@@ -167,6 +168,8 @@ def _library_files(site: Path, torch_dir: Path) -> dict[str, tuple[str | None, s
                 if not m:
                     continue
                 version = m.group(1) if m.group(1) and "." in m.group(1) else None
+                if lib in ("miopen", "rccl"):
+                    version = None  # ROCm sonames carry the ROCm release (1.0.60200), not the library's
                 rel = os.path.relpath(folder / name, site)
                 best = found.get(lib)
                 # Prefer a file that tells its full version, then the longest name (most specific).
