@@ -1,0 +1,264 @@
+"""Build a flavour's image through the Docker SDK, then check that it carries every label.
+
+The build context is staged in a fresh folder: the flavour's Dockerfile, the selected lock
+(``locks/<lock>.txt``), its wheelhouse (``wheels/<lock>/``, hard links where the disk allows)
+and a wheel of capture itself built here (``dist/``, installed by hash). The build runs with
+``network_mode="host"`` (no bridge network is ever needed) and no index inside: pip in the
+Dockerfile only sees the wheelhouse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from capture import __version__
+from capture.errors import DockerUnavailable, UsageError
+from capture.image import (
+    FLAVOURS, LABEL_BASE_DIGEST, LABEL_BASE_NAME, LABEL_CREATED, LABEL_FLAVOUR, LABEL_LOCK,
+    LABEL_LOCK_SHA256, LABEL_REVISION, LABEL_SOURCE, LABEL_TITLE, LABEL_VERSION, REQUIRED_LABELS,
+    _short, docker_client, locks, wheelhouse,
+)
+from capture.manifest import utc_now
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    """``sha256:...`` as ``docker inspect`` reports it."""
+    tag: str
+    flavour: str
+    lock: str
+    base_name: str
+    base_digest: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def project_root() -> Path:
+    """The checkout capture runs from (Dockerfiles live in ``images/`` beside the package)."""
+    root = Path(os.environ.get("CAPTURE_SOURCE_DIR") or Path(__file__).resolve().parents[2])
+    if not (root / "pyproject.toml").is_file() or not (root / "images").is_dir():
+        raise UsageError(f"{root}: not a capture checkout (no pyproject.toml and images/)",
+                         "run from a git checkout of capture, or set CAPTURE_SOURCE_DIR to one")
+    return root
+
+
+def dockerfile(flavour: str, root: Path | None = None) -> Path:
+    if flavour not in FLAVOURS:
+        raise UsageError(f"unknown image flavour {flavour!r}", f"use one of: {', '.join(FLAVOURS)}")
+    path = (root or project_root()) / "images" / flavour / "Dockerfile"
+    if not path.is_file():
+        raise UsageError(f"{path}: no such Dockerfile", "restore images/ from the repository")
+    return path
+
+
+def default_base(flavour: str, root: Path | None = None) -> str:
+    """The ``ARG BASE_IMAGE=...`` default of a flavour's Dockerfile."""
+    text = dockerfile(flavour, root).read_text(encoding="utf-8")
+    m = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
+    if not m:
+        raise UsageError(f"images/{flavour}/Dockerfile has no `ARG BASE_IMAGE=` default", "restore it from the repository")
+    return m.group(1)
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """``name:tag@sha256:...`` -> (``name:tag``, ``sha256:...``); no digest -> (ref, None)."""
+    name, sep, digest = ref.partition("@")
+    if sep and not _DIGEST.fullmatch(digest):
+        raise UsageError(f"--base-image {ref!r}: the digest must be sha256:<64 hex>", "copy it from `docker inspect`")
+    return name, (digest if sep else None)
+
+
+def resolve_base(client: Any, ref: str) -> tuple[str, str]:
+    """(base.name, base.digest) for a base reference.
+
+    A digest in the reference is taken as is (docker verifies it when pulling). Otherwise the
+    local image answers: its registry digest when it came from one, else its image ID (an image
+    made here with ``docker import`` has no other identity).
+    """
+    name, digest = split_ref(ref)
+    if digest:
+        return name, digest
+    from docker.errors import ImageNotFound
+
+    try:
+        image = client.images.get(ref)
+    except ImageNotFound:
+        raise UsageError(f"base image {ref!r} is not on this machine and has no digest to pin",
+                         f"pull it first (`docker pull {ref}`) or pass NAME:TAG@sha256:... to --base-image") from None
+    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    for rd in image.attrs.get("RepoDigests") or []:
+        if rd.split("@", 1)[0] == repo:
+            return name, rd.split("@", 1)[1]
+    return name, image.id
+
+
+def git_identity(root: Path) -> tuple[str, str]:
+    """(source URL with credentials removed, revision) of the checkout; ``unknown`` outside git."""
+    from capture.probes.packages import strip_url_credentials
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    revision = git("rev-parse", "HEAD") or "unknown"
+    if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        revision += "-dirty"
+    source = git("remote", "get-url", "origin")
+    return (strip_url_credentials(source) if source else "unknown"), revision
+
+
+def build_capture_wheel(root: Path, dest: Path, python: str = sys.executable) -> tuple[Path, str]:
+    """A wheel of this checkout (no dependencies: those are locked) and its sha256."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--wheel-dir", str(dest), str(root)], capture_output=True, text=True)
+    wheels = sorted(dest.glob("capture-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = (proc.stderr.strip().splitlines() or ["no wheel produced"])[-1]
+        raise UsageError(f"cannot build a wheel of capture from {root}: {_short(tail)}",
+                         "the build needs setuptools in this Python (pip install setuptools)")
+    data = wheels[-1].read_bytes()
+    return wheels[-1], hashlib.sha256(data).hexdigest()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def stage_context(flavour: str, lock: locks.Lock, wheels: list[Path], root: Path, into: Path) -> str:
+    """Fill ``into`` with everything the Dockerfile copies; returns capture's wheel sha256."""
+    shutil.copy2(dockerfile(flavour, root), into / "Dockerfile")
+    (into / "locks").mkdir()
+    shutil.copy2(lock.path, into / "locks" / f"{lock.flavour}.txt")
+    wdir = into / "wheels" / lock.flavour
+    wdir.mkdir(parents=True)
+    for w in wheels:
+        _link_or_copy(w, wdir / w.name)
+    dist = into / "dist"
+    wheel, sha = build_capture_wheel(root, dist)
+    (dist / "capture.txt").write_text(
+        f"capture @ file:///build/dist/{wheel.name} --hash=sha256:{sha}\n", encoding="utf-8")
+    return sha
+
+
+def expected_labels(flavour: str, lock: locks.Lock, base_name: str, base_digest: str, created: str,
+                    source: str, revision: str) -> dict[str, str]:
+    return {
+        LABEL_TITLE: f"capture ({flavour})",
+        LABEL_CREATED: created,
+        LABEL_SOURCE: source,
+        LABEL_REVISION: revision,
+        LABEL_VERSION: __version__,
+        LABEL_BASE_NAME: base_name,
+        LABEL_BASE_DIGEST: base_digest,
+        LABEL_FLAVOUR: flavour,
+        LABEL_LOCK: lock.flavour,
+        LABEL_LOCK_SHA256: lock.sha256,
+    }
+
+
+def check_labels(labels: Mapping[str, str] | None, expected: Mapping[str, str], image: str) -> None:
+    """Every required label present and equal to what the build passed in."""
+    labels = labels or {}
+    absent = [k for k in REQUIRED_LABELS if not labels.get(k)]
+    if absent:
+        raise UsageError(f"image {image}: label {absent[0]} is missing"
+                         + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""),
+                         "the Dockerfile must set every org.opencontainers.image.* and io.capture.* label")
+    for key, want in expected.items():
+        if labels.get(key) != want:
+            raise UsageError(f"image {image}: label {key} is {labels.get(key)!r}, expected {want!r}",
+                             "a stale build cache or an edited Dockerfile; rebuild with `capture image build --no-cache`")
+
+
+def default_tag(flavour: str, lock_name: str) -> str:
+    suffix = "" if lock_name == flavour else f"-{lock_name}-wheels"
+    return f"capture-{flavour}:{__version__}{suffix}"
+
+
+def build(flavour: str, *, base_image: str | None = None, tag: str | None = None,
+          lock_name: str | None = None, wheel_dir: Path | None = None, no_cache: bool = False,
+          pip_args: tuple[str, ...] = (), client: Any = None) -> BuildResult:
+    """Build ``images/<flavour>/Dockerfile``; progress streams to stderr."""
+    root = project_root()
+    dockerfile(flavour, root)
+    lock_name = lock_name or flavour
+    lock = locks.read_lock(lock_name)
+    lock.require_complete()
+    client = client or docker_client()
+    base_ref = base_image or default_base(flavour, root)
+    if not split_ref(base_ref)[1] and base_image:
+        base_name, base_digest = resolve_base(client, base_ref)
+    else:
+        base_name, base_digest = split_ref(base_ref)  # type: ignore[assignment]
+    wh = wheelhouse.prepare(lock_name, wheel_dir, pip_args=pip_args)
+    source, revision = git_identity(root)
+    created = utc_now()
+    tag = tag or default_tag(flavour, lock_name)
+    expected = expected_labels(flavour, lock, base_name, str(base_digest), created, source, revision)
+    buildargs = {
+        "BASE_IMAGE": base_ref, "BASE_NAME": base_name, "BASE_DIGEST": str(base_digest),
+        "LOCK": lock_name, "LOCK_SHA256": lock.sha256, "CREATED": created, "SOURCE": source,
+        "REVISION": revision, "VERSION": __version__,
+    }
+    cache = root / ".cache"
+    cache.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"build-{flavour}-", dir=cache) as tmp:
+        ctx = Path(tmp)
+        stage_context(flavour, lock, list(wh.files), root, ctx)
+        sys.stderr.write(f"building {tag} from images/{flavour}/Dockerfile on {base_ref} "
+                         f"with the {lock_name} lock ({len(wh.files)} wheels)\n")
+        image_id = _stream_build(client, ctx, tag, buildargs, no_cache)
+    inspect = client.api.inspect_image(image_id)
+    labels = (inspect.get("Config") or {}).get("Labels") or {}
+    check_labels(labels, expected, tag)
+    return BuildResult(inspect["Id"], tag, flavour, lock_name, base_name, str(base_digest), dict(labels))
+
+
+def _stream_build(client: Any, ctx: Path, tag: str, buildargs: dict[str, str], no_cache: bool) -> str:
+    from docker.errors import APIError, DockerException
+
+    image_id = None
+    error = None
+    try:
+        for chunk in client.api.build(path=str(ctx), dockerfile="Dockerfile", tag=tag, buildargs=buildargs,
+                                      network_mode="host", rm=True, forcerm=True, pull=False,
+                                      nocache=no_cache, decode=True):
+            if "stream" in chunk:
+                sys.stderr.write(chunk["stream"])
+            elif "status" in chunk:
+                sys.stderr.write(chunk["status"] + (" " + chunk["progress"] if chunk.get("progress") else "") + "\n")
+            if "error" in chunk:
+                error = chunk["error"].strip()
+                sys.stderr.write(error + "\n")
+            aux = chunk.get("aux") or {}
+            if "ID" in aux:
+                image_id = aux["ID"]
+    except APIError as exc:
+        raise UsageError(f"docker build of {tag} failed: {_short(exc.explanation or str(exc))}",
+                         "the build log above shows the failing step") from None
+    except DockerException as exc:
+        raise DockerUnavailable(f"docker build of {tag} stopped: {_short(str(exc))}",
+                                "check that the daemon is still running") from None
+    if error:
+        raise UsageError(f"docker build of {tag} failed: {_short(error)}", "the build log above shows the failing step")
+    if not image_id:
+        image_id = client.images.get(tag).id
+    return image_id
