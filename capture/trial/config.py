@@ -238,6 +238,15 @@ def _type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
+def _near(key: str, known: list[str]) -> list[str]:
+    """Close spellings, and abbreviations by initials (learning_rate → lr)."""
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if near:
+        return near
+    initials = "".join(w[:1] for w in key.split("_") if w)
+    return [k for k in known if len(k) > 1 and k in (initials, "".join(w[:1] for w in k.split("_")))][:1]
+
+
 class _Table:
     """One TOML table being read: typed getters that name the full key, then unknown-key check."""
 
@@ -307,7 +316,7 @@ class _Table:
     def done(self) -> None:
         for key in self.data:
             if key not in self.used:
-                near = difflib.get_close_matches(key, sorted(self.used), n=1, cutoff=0.6)
+                near = _near(key, sorted(self.used))
                 extra = f" (did you mean {near[0]}?)" if near else f"; known keys: {', '.join(sorted(self.used))}"
                 raise ConfigError(f"{self._key(key)}: unknown key{extra}", self.hint)
 

@@ -226,6 +226,11 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 if not is_oom(exc):
                     raise
                 oom, failed_at = oom_text(exc), "building the model"
+            if wl is not None and device.type != "cuda" and overhead is not None:
+                # The process after the build, less the tensors the estimate counts itself.
+                overhead = max(0, (devmem.rss_bytes() or 0) - wl.tensor_bytes())
+                overhead_src = ("RSS after the model and data were built, less their tensors' bytes "
+                                "(interpreter, libraries, allocator slack)")
         run = _run_table(config, device, name, wl)
         trial["run"] = run
 

@@ -180,15 +180,37 @@ def _documents_from_files(root: Path, patterns: tuple[str, ...], text_field: str
 
 def hf_cache_dir() -> str | None:
     """The hub cache the user chose (read at call time, so --hf-cache and tests take effect)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return os.environ[name]
     if os.environ.get("HF_HOME"):
         return os.path.join(os.environ["HF_HOME"], "hub")
     return None
 
 
 def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: str) -> Path:
-    """A repo revision's snapshot folder in the local hub cache; the trial never downloads."""
+    """A repo revision's snapshot folder in the local hub cache; the trial never downloads.
+
+    Resolved like the fingerprint resolves it (capture.probes.artifacts), so the commit in
+    ``[trial.run]`` is the one in ``[[models]]``/``[[datasets]]``.
+    """
+    rev = revision or "main"
+    cmd = f"hf download {repo_id}{' --repo-type dataset' if repo_type == 'dataset' else ''} --revision {rev}"
+    try:
+        from capture.probes import ProbeOptions
+        from capture.probes.artifacts import hub_cache_dir, resolve_commit
+    except ImportError:
+        resolve_commit = None
+    if resolve_commit is not None:
+        from capture.errors import UsageError
+
+        cache = hub_cache_dir(ProbeOptions())
+        try:
+            folder, commit = resolve_commit(cache, repo_type, repo_id, rev, f"{repo_id}@{rev}")
+        except UsageError as exc:
+            raise ConfigError(f"{key}: {exc.message}", f"download it first (`{cmd}`), or set --hf-cache; "
+                                                       "the trial itself runs offline") from None
+        return folder / "snapshots" / commit
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -196,8 +218,7 @@ def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: st
         path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True,
                                  cache_dir=hf_cache_dir())
     except (LocalEntryNotFoundError, HfHubHTTPError, FileNotFoundError, ValueError) as exc:
-        cmd = f"hf download {repo_id}{' --repo-type dataset' if repo_type == 'dataset' else ''}"
-        raise ConfigError(f"{key}: {repo_id}@{revision or 'main'} is not in the local hub cache ({hf_cache_dir() or 'default'})",
+        raise ConfigError(f"{key}: {repo_id}@{rev} is not in the local hub cache ({hf_cache_dir() or 'default'})",
                           f"download it first (`{cmd}`), or set --hf-cache; the trial itself runs offline "
                           f"[{type(exc).__name__}]") from None
     return Path(path)
@@ -459,6 +480,18 @@ class Workload:
         for b in range(count):
             rows = [(b * mb + i) % n for i in range(mb)]
             yield self.val_source.rows(rows).to(self.device, non_blocking=self.device.type == "cuda")
+
+    def tensor_bytes(self) -> int:
+        """Bytes of the model's parameters and buffers and of the token data (storages counted once)."""
+        seen: dict[int, int] = {}
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        for src in (self.loader.source, self.val_source):
+            if isinstance(src, PackedTokens):
+                tensors.append(src.blocks)
+        for t in tensors:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
 
     def evaluate(self, batches: int | None = None) -> float:
         """Mean loss over the validation batches (model in eval mode, no gradients)."""

@@ -1,0 +1,149 @@
+"""Trial config: one broken config per error case, each error naming the key to fix."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from capture.errors import ConfigError, EXIT_USAGE
+from capture.trial.config import example_names, load_config, load_example, parse
+
+BASE = """
+[trial]
+name = "t"
+[trial.model]
+source = "from_config"
+architecture = "gpt2"
+[trial.model.config]
+n_layer = 1
+"""
+
+
+def _cfg(text: str):
+    return parse(text, "t.toml", Path("."), "t")
+
+
+def test_minimal_config_gets_documented_defaults():
+    c = _cfg(BASE)
+    assert c.name == "t" and c.method == "full" and c.optimizer.name == "adamw"
+    assert c.batch.max_seq_len == 128 and c.batch.micro_batch_size == 8 and c.batch.grad_accum == 1
+    assert c.recovery.save_at_step == 2 and c.recovery.total_steps == 4 and c.recovery.withhold == ()
+    assert c.source_text == BASE
+    assert c.tokens_per_step == 128 * 8
+
+
+def test_shipped_examples_load_and_say_what_they_run():
+    assert {"tiny", "llama-1b"} <= set(example_names())
+    tiny = load_example("tiny")
+    assert tiny.model.config["n_layer"] == 2 and tiny.model.config["resid_pdrop"] > 0  # dropout: RNG matters
+    assert tiny.data.source == "corpus" and tiny.data.tokenizer == "bytes"
+    big = load_example("llama-1b")
+    mc = big.model.config
+    assert (mc["hidden_size"], mc["intermediate_size"], mc["num_hidden_layers"], mc["num_attention_heads"],
+            mc["num_key_value_heads"], mc["vocab_size"]) == (2048, 5632, 16, 16, 4, 32000)
+    assert big.batch.max_seq_len == 2048 and big.batch.micro_batch_size == 8
+    assert big.precision.dtype == "bf16" and big.precision.autocast and big.optimizer.fused == "auto"
+    assert big.source_text.startswith("# A Llama-style model")
+
+
+def test_unknown_example_suggests_the_near_name():
+    with pytest.raises(ConfigError, match=r"--example: no example named 'tiney' \(did you mean tiny\?\)"):
+        load_example("tiney")
+
+
+BROKEN = [
+    # (what to append / replace, expected message fragment naming the key)
+    ("[trial.optimizer]\nlr = -1\n", r"trial\.optimizer\.lr: must be > 0, got -1"),
+    ("[trial.optimizer]\nlearning_rate = 1e-3\n", r"trial\.optimizer\.learning_rate: unknown key \(did you mean lr\?\)"),
+    ("[trial.optimizer]\nname = \"adamx\"\n", r"trial\.optimizer\.name: must be one of adamw, adam, sgd, got 'adamx' \(did you mean 'adamw?'\?\)"),
+    ("[trial.optimizer]\nbetas = [0.9]\n", r"trial\.optimizer\.betas: must be two numbers"),
+    ("[trial.optimizer]\nmomentum = 0.9\n", r"trial\.optimizer\.momentum: only used with name = \"sgd\""),
+    ("[trial.optimizer]\nfused = \"yes\"\n", r"trial\.optimizer\.fused"),
+    ("[trial.optimizer]\nweight_decay = -0.1\n", r"trial\.optimizer\.weight_decay: must be >= 0"),
+    ("[trial.batch]\nmicro_batch_size = 0\n", r"trial\.batch\.micro_batch_size: must be >= 1, got 0"),
+    ("[trial.batch]\nmicro_batch_size = \"8\"\n", r"trial\.batch\.micro_batch_size: must be an integer, got a string"),
+    ("[trial.batch]\nmax_seq_len = 1.5\n", r"trial\.batch\.max_seq_len: must be an integer, got a number"),
+    ("[trial.batch]\ngrad_acum = 2\n", r"trial\.batch\.grad_acum: unknown key \(did you mean grad_accum\?\)"),
+    ("[trial.precision]\ndtype = \"bf32\"\n", r"trial\.precision\.dtype: must be one of fp32, bf16, fp16"),
+    ("[trial.precision]\ndtype = \"fp16\"\nautocast = false\n", r"trial\.precision\.autocast: fp16 weights"),
+    ("[trial.lora]\nrank = 0\n", r"trial\.lora\.rank: must be >= 1, got 0"),
+    ("[trial.lora]\ndropout = 1.0\n", r"trial\.lora\.dropout: must be in \[0, 1\), got 1"),
+    ("[trial.lora]\ntarget_modules = \"q_proj\"\n", r"trial\.lora\.target_modules: must be an array"),
+    ("[trial.data]\nsource = \"local\"\n", r"trial\.data\.path: required when source = \"local\""),
+    ("[trial.data]\nsource = \"hub\"\n", r"trial\.data\.repo_id: required when source = \"hub\""),
+    ("[trial.data]\npath = \"x\"\n", r"trial\.data\.path: only used when source = \"local\""),
+    ("[trial.data]\nvalidation_fraction = 1\n", r"trial\.data\.validation_fraction: must be in \[0, 1\)"),
+    ("[trial.data]\ntokenizer = \"model\"\n", r"trial\.data\.tokenizer: \"model\" needs a model with a tokenizer"),
+    ("[trial.validation]\nevery_steps = 0\n", r"trial\.validation\.every_steps: must be >= 1, got 0"),
+    ("[trial.checkpoint]\nenabled = \"yes\"\n", r"trial\.checkpoint\.enabled: must be a boolean, got a string"),
+    ("[trial.recovery]\nsave_at_step = 4\ntotal_steps = 4\n", r"trial\.recovery\.total_steps: must be > save_at_step \(4\), got 4"),
+    ("[trial.recovery]\nwithhold = [\"rng_cud\"]\n", r"trial\.recovery\.withhold: unknown component 'rng_cud' \(did you mean 'rng_cuda'\?\)"),
+    ("[trial.scheduler]\nname = \"cosin\"\n", r"trial\.scheduler\.name: must be one of constant, linear, cosine, got 'cosin' \(did you mean 'cosine'\?\)"),
+    ("[trial.scheduler]\nwarmup_steps = -1\n", r"trial\.scheduler\.warmup_steps: must be >= 0, got -1"),
+    ("[trial.modle]\nsource = \"hub\"\n", r"trial\.modle: unknown key \(did you mean model\?\)"),
+    ("[trail]\nseed = 1\n", r"trail: unknown top-level key \(did you mean trial\?\)"),
+]
+
+
+@pytest.mark.parametrize("extra, message", BROKEN, ids=[m.split(":")[0].replace("\\", "") for _, m in BROKEN])
+def test_broken_config_names_the_key(extra, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        _cfg(BASE + extra)
+    assert info.value.exit_code == EXIT_USAGE
+    assert info.value.hint and "t.toml" in info.value.hint
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[trial]\nseed = -1\n", r"trial\.seed: must be >= 0, got -1"),
+    ("[trial]\nmethod = \"qlora\"\n", r"trial\.method: must be one of full, lora, got 'qlora'"),
+    ("[trial]\nmeasured_steps = 0\n", r"trial\.measured_steps: must be >= 1, got 0"),
+    ("[trial]\nwarmup_steps = -2\n", r"trial\.warmup_steps: must be >= 0, got -2"),
+    ("[trial.model]\nsource = \"hub\"\n", r"trial\.model\.repo_id: required when source = \"hub\""),
+    ("[trial.model]\nsource = \"local\"\n", r"trial\.model\.path: required when source = \"local\""),
+    ("[trial.model]\nsource = \"from_config\"\n", r"trial\.model\.architecture: required when source = \"from_config\""),
+    ("[trial.model]\narchitecture = \"lama\"\n", r"trial\.model\.architecture: must be one of gpt2, llama, got 'lama' \(did you mean 'llama'\?\)"),
+    ("[trial.model]\nsource = \"hub\"\nrepo_id = \"gpt2\"\npath = \"x\"\n", r"trial\.model\.path: only used when source = \"local\""),
+    ("[trial.model]\nsource = \"hub\"\nrepo_id = \"gpt2\"\n[trial.model.config]\nn_layer = 1\n", r"trial\.model\.config: only used when source = \"from_config\""),
+    ("[trial]\nmodel = 3\n", r"trial\.model: must be a table, got an integer"),
+    ("name = \"x\"\n", r"name: unknown top-level key; every key lives under \[trial\]"),
+    ("[trial\n", r"t\.toml: not valid TOML"),
+    ("", r"t\.toml: no \[trial\] table"),
+])
+def test_broken_top_level_and_model(text, message):
+    with pytest.raises(ConfigError, match=message):
+        _cfg(text)
+
+
+def test_file_errors_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"[trial]\nname = \"caf\xe9\"\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(bad)
+
+
+def test_load_config_keeps_the_text_verbatim_and_resolves_paths(tmp_path):
+    text = BASE + "# a comment the manifest must keep\n[trial.data]\nsource = \"local\"\npath = \"data\"\n"
+    f = tmp_path / "mine.toml"
+    f.write_text(text)
+    c = load_config(f)
+    assert c.source_text == text and c.source == str(f) and c.name == "t"
+    assert c.resolve_path("data") == tmp_path / "data"
+
+
+def test_overrides_are_checked_like_the_file():
+    c = _cfg(BASE)
+    o = c.with_overrides(method="lora", measured_steps=3, warmup_steps=0, micro_batch_size=2, device="cpu")
+    assert (o.method, o.measured_steps, o.warmup_steps, o.batch.micro_batch_size, o.device) == ("lora", 3, 0, 2, "cpu")
+    assert c.method == "full"  # frozen: the original is untouched
+    with pytest.raises(ConfigError, match=r"--steps: must be >= 1, got 0"):
+        c.with_overrides(measured_steps=0)
+    with pytest.raises(ConfigError, match=r"--micro-batch: must be >= 1"):
+        c.with_overrides(micro_batch_size=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.seed = 3  # type: ignore[misc]
