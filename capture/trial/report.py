@@ -81,8 +81,11 @@ def fmt_seconds(s: float) -> str:
     return f"{s / 3600:.2f} h"
 
 
+_PERCENT_SUFFIXES = ("_fraction", "_ratio", "_cv", "_share", "_error", "mfu", "headroom")
+
+
 def fmt_value(key: str, v: Any) -> str:
-    """Format by the unit in the key's name (``_bytes``, ``_s``, ``_fraction`` ...)."""
+    """Format by the unit in the key's name (``_bytes``, ``_s``, ``_per_s``, ``_share`` ...)."""
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, Mapping):
@@ -94,14 +97,18 @@ def fmt_value(key: str, v: Any) -> str:
         return ", ".join(fmt_value(key, x) for x in v) if v else "none"
     if not _is_num(v):
         return str(v)
+    if key.endswith("_per_s"):
+        if key.startswith("bytes") or key.endswith("bytes_per_s"):
+            return f"{fmt_bytes(v)}/s"
+        if "token" in key:
+            return f"{v:,.0f} tok/s"
+        return f"{v:,.4g}/s"
     if key.endswith("_bytes"):
         return fmt_bytes(v)
-    if key.endswith("_s") and not key.endswith(("tokens_per_s", "tok_s", "samples_per_s")):
+    if key.endswith("_s"):
         return fmt_seconds(v)
-    if key.endswith(("_fraction", "_ratio", "_cv", "mfu")) or key in ("cv", "mfu"):
-        return f"{v * 100:.2f} %"
-    if key.endswith(("tokens_per_s", "tok_s")):
-        return f"{v:,.0f} tok/s"
+    if key.endswith(_PERCENT_SUFFIXES) or key == "cv":
+        return f"{v * 100:+.1f} %" if key.endswith("_error") else f"{v * 100:.2f} %"
     if key.endswith("_w"):
         return f"{v:.0f} W"
     if key.endswith("_h"):
@@ -116,7 +123,7 @@ def fmt_value(key: str, v: Any) -> str:
 def _label(key: str) -> str:
     if key.endswith("_per_s"):
         return key[: -len("_per_s")].replace("_", " ") + "/s"
-    for suffix in ("_bytes", "_s", "_fraction"):
+    for suffix in ("_bytes", "_s"):
         if key.endswith(suffix) and key != suffix:
             key = key[: -len(suffix)]
             break
@@ -152,12 +159,12 @@ class Section:
     """A one-line verdict for the section; ``not measured`` when it is absent."""
 
 
-def _generic_rows(table: Mapping[str, Any] | None, known: set[str]) -> list[tuple[str, str]]:
+def _generic_rows(table: Mapping[str, Any] | None, known: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every key not shown otherwise, formatted by its unit (arrays of tables are left to grids)."""
     if not table:
         return []
     return [(_label(k), fmt_value(k, v)) for k, v in table.items()
-            if k not in known and not isinstance(v, Mapping)
-            and not (isinstance(v, list) and v and isinstance(v[0], Mapping))]
+            if k not in known and not (isinstance(v, list) and v and isinstance(v[0], Mapping))]
 
 
 def _skipped(table: Mapping[str, Any] | None) -> str | None:
@@ -171,7 +178,9 @@ def stack_line(m: Mapping[str, Any]) -> str:
     fw = _table(m, "framework") or {}
     nv = _table(m, "nvidia") or {}
     parts = []
-    if acc.get("model"):
+    if acc.get("count") == 0:
+        parts.append(f"no accelerator ({acc.get('model') or 'cpu'})")
+    elif acc.get("model"):
         count = acc.get("count")
         parts.append(f"{acc['model']}" + (f" ×{count}" if _is_num(count) and count != 1 else ""))
     elif acc.get("vendor"):
@@ -191,6 +200,21 @@ def stack_line(m: Mapping[str, Any]) -> str:
     return " · ".join(str(p) for p in parts)
 
 
+def _summary(table: Any, *keys: str) -> str | None:
+    """``a · label b · label c`` from the keys of a sub-table that are present (names unlabelled)."""
+    if not isinstance(table, Mapping):
+        return None
+    names = {"name", "repo_id", "path", "architecture", "class", "weights", "source", "tokenizer", "device", "device_name"}
+    parts = []
+    for k in keys:
+        v = table.get(k)
+        if v is None:
+            continue
+        text = f"{v:g}" if k == "lr" and _is_num(v) else fmt_value(k, v)
+        parts.append(text if k in names else f"{_label(k)} {text}")
+    return " · ".join(parts) or None
+
+
 def _run_section(m: Mapping[str, Any]) -> Section:
     run = _table(m, "trial.run")
     sec = Section("Run")
@@ -198,28 +222,71 @@ def _run_section(m: Mapping[str, Any]) -> Section:
         sec.status = NOT_MEASURED
         return sec
     sec.status = _skipped(run)
-    keys = ("name", "method", "model", "trainable_params", "total_params", "optimizer", "precision", "dtype",
-            "max_seq_len", "micro_batch_size", "grad_accum", "tokens_per_step", "device")
-    for k in keys:
-        if run.get(k) is not None:
-            sec.rows.append((_label(k), fmt_value(k, run[k])))
-    sec.rows += _generic_rows(run, set(keys) | {"skipped"})
+    trial = _table(m, "trial") or {}
+    shown: set[str] = {"skipped"}
+
+    def row(label: str, value: str | None, *keys: str) -> None:
+        shown.update(keys)
+        if value:
+            sec.rows.append((label, value))
+
+    row("name", run.get("name") and str(run["name"]), "name")
+    if trial.get("config_source"):
+        over = trial.get("overrides")
+        row("config", str(trial["config_source"]) + (f" (overrides: {fmt_value('', over)})" if isinstance(over, Mapping) and over else ""))
+    row("device", _summary(run, "device", "device_name"), "device", "device_name")
+    row("method", run.get("method") and str(run["method"]), "method")
+    model = run.get("model")
+    row("model", _summary(model, "repo_id", "path", "architecture", "class", "commit", "weights"), "model")
+    if _is_num(run.get("params_trainable")):
+        total = run.get("params_total")
+        share = run.get("trainable_share")
+        row("parameters", f"{run['params_trainable']:,} trainable" + (f" of {total:,}" if _is_num(total) else "")
+            + (f" ({share * 100:.2f} %)" if _is_num(share) else ""), "params_trainable", "params_total", "trainable_share")
+    if isinstance(run.get("lora"), Mapping):
+        row("lora", _summary(run["lora"], "rank", "alpha", "dropout", "target_modules"), "lora")
+    row("optimizer", _summary(run.get("optimizer"), "name", "lr", "weight_decay", "betas", "fused"), "optimizer")
+    row("scheduler", _summary(run.get("scheduler"), "name", "warmup_steps", "horizon_steps"), "scheduler")
+    prec = run.get("precision")
+    if isinstance(prec, Mapping):
+        row("precision", " · ".join(filter(None, [str(prec.get("dtype", "")), "autocast" if prec.get("autocast") else "",
+                                                  f"weights {prec['weights_dtype']}" if prec.get("weights_dtype") else "",
+                                                  "grad scaler" if prec.get("grad_scaler") else ""])), "precision")
+    batch = [f"{label} {run[k]:,}" for k, label in (("max_seq_len", "seq"), ("micro_batch_size", "micro-batch"),
+                                                   ("grad_accum", "grad-accum"), ("tokens_per_step", "tokens/step"))
+             if _is_num(run.get(k))]
+    row("batch", " · ".join(batch), "max_seq_len", "micro_batch_size", "grad_accum", "tokens_per_step")
+    data = run.get("data")
+    row("data", _summary(data, "name", "repo_id", "path", "source", "tokenizer", "train_tokens"), "data")
+    if _is_num(run.get("measured_steps")):
+        row("steps", f"{run.get('warmup_steps', 0)} warm-up + {run['measured_steps']} measured", "warmup_steps", "measured_steps")
+    sec.rows += _generic_rows(run, shown)
     return sec
 
 
 def _measured_reference(measured: Mapping[str, Any]) -> tuple[str, float] | None:
-    for key, label in (("device_used_bytes", "device used"), ("max_reserved_bytes", "peak reserved"),
-                       ("max_allocated_bytes", "peak allocated")):
-        if _is_num(measured.get(key)):
-            return label, float(measured[key])
+    for keys, label in ((("device_used_bytes",), "device used"), (("peak_reserved_bytes", "max_reserved_bytes"), "peak reserved"),
+                        (("peak_allocated_bytes", "max_allocated_bytes"), "peak allocated")):
+        v = _first(measured, *keys)
+        if _is_num(v):
+            return label, float(v)
     return None
 
 
+_ESTIMATE_NOT_TERMS = frozenset({"total_bytes", "allocator_bytes"})
+
+
 def estimate_terms(estimate: Mapping[str, Any] | None) -> list[tuple[str, float]]:
+    """The estimate's terms: sub-tables with ``bytes`` (runner layout) or ``<term>_bytes`` keys."""
     if not estimate:
         return []
-    return [(_label(k), float(v)) for k, v in estimate.items()
-            if k.endswith("_bytes") and k != "total_bytes" and _is_num(v)]
+    out = []
+    for k, v in estimate.items():
+        if isinstance(v, Mapping) and _is_num(v.get("bytes")):
+            out.append((k.replace("_", " "), float(v["bytes"])))
+        elif k.endswith("_bytes") and k not in _ESTIMATE_NOT_TERMS and _is_num(v):
+            out.append((_label(k), float(v)))
+    return out
 
 
 def _estimate_total(estimate: Mapping[str, Any] | None) -> float | None:
@@ -231,43 +298,68 @@ def _estimate_total(estimate: Mapping[str, Any] | None) -> float | None:
     return sum(v for _, v in terms) if terms else None
 
 
+_MEASURED_KEYS = (("peak_allocated_bytes", "max_allocated_bytes"), ("peak_reserved_bytes", "max_reserved_bytes"),
+                  ("device_used_bytes",))
+
+
+def measured_bars(meas: Mapping[str, Any] | None) -> list[tuple[str, float]]:
+    out = []
+    for keys in _MEASURED_KEYS:
+        v = _first(meas, *keys)
+        if _is_num(v):
+            out.append((_label(keys[0]), float(v)))
+    return out
+
+
 def _memory_section(m: Mapping[str, Any]) -> Section:
     sec = Section("Memory")
+    mem = _table(m, "trial.memory") or {}
     est = _table(m, "trial.memory.estimate")
     meas = _table(m, "trial.memory.measured")
     total = _estimate_total(est)
     ref = _measured_reference(meas) if meas else None
     if total is None and not meas:
-        sec.status = _skipped(_table(m, "trial.memory")) or NOT_MEASURED
+        sec.status = _skipped(mem) or (f"skipped: {mem['estimate_skipped']}" if mem.get("estimate_skipped") else NOT_MEASURED)
         return sec
     sec.rows.append(("estimate", fmt_bytes(total) if total is not None else NOT_MEASURED))
     if est:
-        for label, v in estimate_terms(est):
-            sec.rows.append((f"  {label}", fmt_bytes(v)))
-        sec.rows += [(f"  {a}", b) for a, b in _generic_rows(est, {k for k in est if k.endswith("_bytes")})]
+        for k, v in est.items():
+            if isinstance(v, Mapping) and _is_num(v.get("bytes")):
+                formula = f"  ({v['formula']})" if v.get("formula") else ""
+                sec.rows.append((f"  {k.replace('_', ' ')}", fmt_bytes(v["bytes"]) + formula))
+            elif k == "total_bytes":
+                continue
+            elif k == "allocator_bytes":
+                sec.rows.append(("  (seen by the allocator)", fmt_value(k, v)))
+            elif k.endswith("_bytes"):
+                sec.rows.append((f"  {_label(k)}", fmt_value(k, v)))
+            elif k != "note":
+                sec.rows.append((f"  {_label(k)}", fmt_value(k, v)))
     if meas:
-        for key in ("max_allocated_bytes", "max_reserved_bytes", "device_used_bytes"):
-            if _is_num(meas.get(key)):
-                sec.rows.append((f"measured {_label(key).replace('max ', 'peak ')}", fmt_bytes(meas[key])))
-        sec.rows += _generic_rows(meas, {"max_allocated_bytes", "max_reserved_bytes", "device_used_bytes"})
+        for label, v in measured_bars(meas):
+            sec.rows.append((f"measured {label}", fmt_bytes(v)))
+        sec.rows += [(f"  {a}", b) for a, b in _generic_rows(meas, {k for keys in _MEASURED_KEYS for k in keys})]
     else:
-        sec.rows.append(("measured", _skipped(_table(m, "trial.memory")) or NOT_MEASURED))
+        sec.rows.append(("measured", NOT_MEASURED))
+    sec.rows += _generic_rows(mem, {"estimate", "measured", "skipped"})
+    err = mem.get("estimate_error")
     if total is not None and ref is not None and ref[1] > 0:
-        err = (total - ref[1]) / ref[1]
+        if not _is_num(err):
+            err = (total - ref[1]) / ref[1]
         sec.status = f"estimate {fmt_bytes(total)} vs measured {fmt_bytes(ref[1])} {ref[0]} (error {err * 100:+.1f} %)"
-    elif total is None and ref is None:
-        sec.status = NOT_MEASURED
     return sec
 
 
 def step_times(m: Mapping[str, Any]) -> tuple[list[float], int]:
-    """(every recorded step time, how many leading ones are warm-up)."""
+    """(warm-up step times then measured ones, how many leading ones are warm-up)."""
     steps = _table(m, "trial.steps") or {}
     times = _numbers(steps.get("step_time_s"))
-    warm = _first(steps, "warmup_steps")
-    if not _is_num(warm):
-        warm = 0
-    return times, max(0, min(int(warm), len(times)))
+    warmup = _numbers(steps.get("warmup_step_time_s"))
+    if warmup:
+        return warmup + times, len(warmup)
+    warm = steps.get("warmup_steps")  # alternative layout: warm-up steps inside step_time_s
+    warm = int(warm) if _is_num(warm) else 0
+    return times, max(0, min(warm, len(times)))
 
 
 def step_stats(m: Mapping[str, Any]) -> dict[str, float]:
@@ -281,9 +373,7 @@ def step_stats(m: Mapping[str, Any]) -> dict[str, float]:
         out["p90"] = percentile(measured, 90)
         mean = statistics.fmean(measured)
         out["cv"] = statistics.pstdev(measured) / mean if mean > 0 else 0.0
-    for name, keys in (("median", ("step_time_median_s", "step_time_s_median", "median_step_time_s")),
-                       ("p90", ("step_time_p90_s", "step_time_s_p90", "p90_step_time_s")),
-                       ("cv", ("step_time_cv", "cv"))):
+    for name, keys in (("median", ("step_time_median_s",)), ("p90", ("step_time_p90_s",)), ("cv", ("step_time_cv",))):
         v = _first(stats, *keys)
         if _is_num(v):
             out[name] = float(v)
@@ -296,23 +386,23 @@ def _steps_section(m: Mapping[str, Any]) -> Section:
     steps = _table(m, "trial.steps")
     times, warm = step_times(m)
     s = step_stats(m)
-    if not s and not stats:
-        sec.status = _skipped(steps) or _skipped(stats) or NOT_MEASURED
+    if not s:
+        sec.status = _skipped(stats) or _skipped(steps) or NOT_MEASURED
+        sec.rows = _generic_rows(stats, {"skipped"})
         return sec
-    if "median" in s:
-        sec.status = f"median {fmt_seconds(s['median'])}, p90 {fmt_seconds(s['p90'])}" + (
-            f", CV {s['cv'] * 100:.2f} %" if "cv" in s else "")
-        sec.rows.append(("steps", f"{len(times) - warm} measured after {warm} warm-up" if times else "not recorded"))
-    waits = _numbers((steps or {}).get("data_wait_s"))[warm:]
+    sec.status = f"median {fmt_seconds(s['median'])}, p90 {fmt_seconds(s['p90'])}" + (
+        f", CV {s['cv'] * 100:.2f} %" if "cv" in s else "")
+    if times:
+        sec.rows.append(("steps", f"{len(times) - warm} measured after {warm} warm-up"))
+    waits = _numbers((steps or {}).get("data_wait_s"))
     if waits and times:
         total = sum(times[warm:])
         sec.rows.append(("data wait", f"{fmt_seconds(sum(waits))} in total, max {fmt_seconds(max(waits))}"
-                         + (f" ({sum(waits) / total * 100:.1f} % of step time)" if total > 0 else "")))
-    losses = _numbers(_first(steps, "loss", "losses"))
+                         + (f" ({sum(waits) / total * 100:.2f} % of step time)" if total > 0 else "")))
+    losses = _numbers((steps or {}).get("loss"))
     if losses:
         sec.rows.append(("loss", f"{losses[0]:.4f} → {losses[-1]:.4f} over {len(losses)} steps"))
-    sec.rows += _generic_rows(stats, {"step_time_median_s", "step_time_p90_s", "step_time_cv", "step_time_s_median",
-                                      "step_time_s_p90", "median_step_time_s", "p90_step_time_s", "cv"})
+    sec.rows += _generic_rows(stats, {"step_time_median_s", "step_time_p90_s", "step_time_cv", "skipped"})
     return sec
 
 
@@ -323,7 +413,23 @@ def _simple_section(m: Mapping[str, Any], title: str, dotted: str) -> Section:
         sec.status = NOT_MEASURED
         return sec
     sec.status = _skipped(table)
-    sec.rows = _generic_rows(table, {"skipped"})
+    sec.rows = _generic_rows(table, {"skipped", "phases"})
+    return sec
+
+
+def _cost_section(m: Mapping[str, Any]) -> Section:
+    sec = _simple_section(m, "Cost", "trial.cost")
+    cost = _table(m, "trial.cost") or {}
+    if _is_num(cost.get("trial_cost")):
+        sec.status = f"{cost['trial_cost']:.4g} for the whole trial" + (
+            f" ({cost['cost_per_million_trained_tokens']:.4g} per million trained tokens)"
+            if _is_num(cost.get("cost_per_million_trained_tokens")) else "")
+    phases = cost.get("phases")
+    if isinstance(phases, Mapping) and phases:
+        wall = cost.get("wall_total_s")
+        rows = [[_label(k), fmt_value(k, v), f"{v / wall * 100:.1f} %" if _is_num(v) and _is_num(wall) and wall else ""]
+                for k, v in phases.items()]
+        sec.grids.append(Grid(["phase", "wall time", "share"], rows))
     return sec
 
 
@@ -336,33 +442,46 @@ def fit_cards(m: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _card_capacity(card: Mapping[str, Any]) -> float | None:
-    v = _first(card, "memory_bytes", "memory_per_device_bytes", "capacity_bytes", "memory_total_bytes")
+    v = _first(card, "memory_bytes", "memory_per_device_bytes", "memory_total_bytes")
     return float(v) if _is_num(v) else None
 
 
 def _fit_section(m: Mapping[str, Any]) -> Section:
     sec = Section("Fit")
-    cards = fit_cards(m)
     fit = _table(m, "trial.fit")
-    if not cards:
-        sec.status = _skipped(fit) or NOT_MEASURED
+    cards = fit_cards(m)
+    if not fit and not cards:
+        sec.status = NOT_MEASURED
         return sec
+    fit = fit or {}
+    sec.status = _skipped(fit) or (str(fit["verdict"]) if fit.get("verdict") else None)
+    sec.rows = _generic_rows(fit, {"verdict", "skipped", "cards", "search"})
+    search = fit.get("search")
+    if isinstance(search, Mapping):
+        sec.rows.append(("largest micro-batch", fmt_value("", search.get("max_micro_batch", "?"))))
+        sec.rows += [(f"  {a}", b) for a, b in _generic_rows(search, {"max_micro_batch"})]
+    if not cards:
+        return sec
+    bases = {str(c.get("basis", "")) for c in cards}
+    shared_basis = len(bases) == 1
+    if shared_basis and bases != {""}:
+        sec.rows.append(("card basis", bases.pop()))
     rows = []
     for c in cards:
         cap = _card_capacity(c)
-        head = _first(c, "headroom_bytes")
-        frac = _first(c, "headroom_fraction")
+        head, frac, margin = c.get("headroom_bytes"), c.get("headroom_fraction"), c.get("margin_bytes")
         fits = c.get("fits")
-        rows.append([
-            str(_first(c, "name", "card", "model") or "?"),
-            fmt_bytes(cap) if cap is not None else "?",
-            (fmt_bytes(head) if _is_num(head) else "?") + (f" ({frac * 100:.1f} %)" if _is_num(frac) else ""),
-            ("yes" if fits else "no") if isinstance(fits, bool) else "?",
-            str(_first(c, "basis", "note", "source") or ""),
-        ])
-    sec.grids.append(Grid(["card", "memory", "headroom", "fits", "basis"], rows))
-    if fit:
-        sec.rows = _generic_rows(fit, {"cards", "skipped"})
+        row = [str(_first(c, "name", "card", "model") or "?"),
+               fmt_bytes(cap) if cap is not None else "?",
+               (fmt_bytes(head) if _is_num(head) else "?") + (f" ({frac * 100:.1f} %)" if _is_num(frac) else ""),
+               fmt_bytes(margin) if _is_num(margin) else "",
+               ("yes" if fits else "no") if isinstance(fits, bool) else "?",
+               "yes" if c.get("tested") is True else "no" if c.get("tested") is False else "?"]
+        if not shared_basis:
+            row.append(str(c.get("basis", "")))
+        rows.append(row)
+    headers = ["card", "memory", "free after run", "margin to headroom", "fits", "tested"]
+    sec.grids.append(Grid(headers + ([] if shared_basis else ["basis"]), rows))
     return sec
 
 
@@ -428,7 +547,7 @@ def sections(m: Mapping[str, Any]) -> list[Section]:
         _simple_section(m, "Checkpoint", "trial.checkpoint"),
         _fit_section(m),
         _recovery_section(m),
-        _simple_section(m, "Cost", "trial.cost"),
+        _cost_section(m),
     ]
 
 
@@ -449,11 +568,16 @@ def _clean(text: Any) -> str:
     return str(text).translate(_CONTROL)
 
 
+def _fit_width(line: str, width: int) -> str:
+    """The terminal is a summary: a long value is cut (the HTML report and the manifest keep it whole)."""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def _use_colour(stream: Any) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
 
 
-def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, width: int = 100) -> str:
+def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, width: int = 120) -> str:
     """The summary as fixed-width plain text; colour only when asked or stdout is a TTY."""
     colour = _use_colour(sys.stdout) if colour is None else colour
 
@@ -472,14 +596,14 @@ def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, wid
         if sec.rows:
             key_w = min(34, max(len(_clean(k)) for k, _ in sec.rows))
             for k, v in sec.rows:
-                out.append(f"{'':{label_w}}{_clean(k):<{key_w}}  {_clean(v)}".rstrip())
+                out.append(_fit_width(f"{'':{label_w}}{_clean(k):<{key_w}}  {_clean(v)}".rstrip(), width))
         for grid in sec.grids:
             cells = [[_clean(c) for c in row] for row in grid.rows]
             widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(grid.headers)]
             line = lambda row: ("".ljust(label_w) + "  ".join(c.ljust(w) for c, w in zip(row, widths))).rstrip()  # noqa: E731
             out.append(line(grid.headers))
             out.append(line(["-" * w for w in widths]))
-            out.extend(line(r) for r in cells)
+            out.extend(_fit_width(line(r), width) for r in cells)
     return "\n".join(out) + "\n"
 
 
@@ -566,7 +690,11 @@ def step_time_svg(m: Mapping[str, Any]) -> str:
 
 
 def memory_svg(m: Mapping[str, Any]) -> str:
-    """Estimate terms stacked, then the measured peaks, against the cards' capacities."""
+    """Estimate terms stacked, then the measured peaks, against the cards' capacities.
+
+    A capacity more than 4x the largest bar would squash the bars to slivers, so it is named
+    in an "off scale" line instead of drawn.
+    """
     est = _table(m, "trial.memory.estimate")
     meas = _table(m, "trial.memory.measured") or {}
     terms = estimate_terms(est)
@@ -578,14 +706,13 @@ def memory_svg(m: Mapping[str, Any]) -> str:
         bars.append(("estimate", terms))
     elif total is not None:
         bars.append(("estimate", [("total", total)]))
-    for key, label in (("max_allocated_bytes", "peak allocated"), ("max_reserved_bytes", "peak reserved"),
-                       ("device_used_bytes", "device used")):
-        if _is_num(meas.get(key)):
-            bars.append((label, [(label, float(meas[key]))]))
+    bars += [(label, [(label, v)]) for label, v in measured_bars(meas)]
     if not bars:
         return ""
     caps = [(str(_first(c, "name", "card", "model") or "?"), _card_capacity(c)) for c in fit_cards(m)]
     dev = _get(m, "accelerator.memory_per_device_bytes")
+    if not (_is_num(dev) and dev > 0):
+        dev = meas.get("device_total_bytes")
     if _is_num(dev) and dev > 0:
         caps.append(("this device", float(dev)))
     merged: dict[float, list[str]] = {}
@@ -593,37 +720,48 @@ def memory_svg(m: Mapping[str, Any]) -> str:
         if cap:
             merged.setdefault(cap, []).append(name)
     caps = [(" = ".join(names), cap) for cap, names in sorted(merged.items())]
-    xmax = max([sum(v for _, v in parts) for _, parts in bars] + [c for _, c in caps]) * 1.05
-    w, left, right, bar_h, gap, top = 720, 110, 20, 22, 10, 24
+    largest_bar = max(sum(v for _, v in parts) for _, parts in bars)
+    on_scale = [(n, c) for n, c in caps if c <= 4 * largest_bar]
+    off_scale = [(n, c) for n, c in caps if c > 4 * largest_bar]
+    xmax = max([largest_bar] + [c for _, c in on_scale]) * 1.08 or 1.0
+    w, left, right, bar_h, gap, top = 720, 110, 80, 22, 10, 24  # right: room for the bar's value
     pw = w - left - right
-    h = top + len(bars) * (bar_h + gap) + 70 + 14 * ((len(terms) + 2) // 3)
+    legend_rows = (len(terms) + 2) // 3
+    off_lines = [off_scale[i:i + 3] for i in range(0, len(off_scale), 3)]
+    h = top + len(bars) * (bar_h + gap) + 12 * max(1, min(3, len(on_scale))) + 24 + 14 * (legend_rows + len(off_lines) + bool(off_lines))
     x = lambda v: left + pw * v / xmax  # noqa: E731
-    parts_svg = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
-                 f'role="img" aria-label="memory: estimate and measured">']
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+           f'role="img" aria-label="memory: estimate and measured">']
     colour_of = {name: _TERM_COLOURS[i % len(_TERM_COLOURS)] for i, (name, _) in enumerate(terms)}
     for row, (label, segs) in enumerate(bars):
         yy = top + row * (bar_h + gap)
-        parts_svg.append(f'<text x="{left - 6}" y="{yy + bar_h * 0.7:.1f}" text-anchor="end">{_e(label)}</text>')
+        out.append(f'<text x="{left - 6}" y="{yy + bar_h * 0.7:.1f}" text-anchor="end">{_e(label)}</text>')
         acc = 0.0
         for name, v in segs:
             colour = colour_of.get(name, "#6b7785") if label == "estimate" else "#3b4a5a"
-            parts_svg.append(f'<rect x="{x(acc):.1f}" y="{yy}" width="{max(x(acc + v) - x(acc), 0.5):.1f}" height="{bar_h}" '
-                             f'fill="{colour}"><title>{_e(name)}: {_e(fmt_bytes(v))}</title></rect>')
+            out.append(f'<rect x="{x(acc):.1f}" y="{yy}" width="{max(x(acc + v) - x(acc), 0.5):.1f}" height="{bar_h}" '
+                       f'fill="{colour}"><title>{_e(name)}: {_e(fmt_bytes(v))}</title></rect>')
             acc += v
-        parts_svg.append(f'<text x="{x(acc) + 4:.1f}" y="{yy + bar_h * 0.7:.1f}">{_e(fmt_bytes(acc))}</text>')
+        out.append(f'<text x="{x(acc) + 4:.1f}" y="{yy + bar_h * 0.7:.1f}">{_e(fmt_bytes(acc))}</text>')
     base = top + len(bars) * (bar_h + gap)
-    for i, (name, cap) in enumerate(caps):
-        parts_svg.append(f'<line x1="{x(cap):.1f}" x2="{x(cap):.1f}" y1="{top - 6}" y2="{base}" stroke="#a4161a" '
-                         f'stroke-dasharray="4,3"/><text x="{x(cap) - 3:.1f}" y="{base + 12 + 12 * (i % 3)}" '
-                         f'text-anchor="end" fill="#a4161a">{_e(name)} {_e(fmt_bytes(cap))}</text>')
-    ly = base + 52
+    for i, (name, cap) in enumerate(on_scale):
+        out.append(f'<line x1="{x(cap):.1f}" x2="{x(cap):.1f}" y1="{top - 6}" y2="{base}" stroke="#a4161a" '
+                   f'stroke-dasharray="4,3"/><text x="{x(cap) - 3:.1f}" y="{base + 12 + 12 * (i % 3)}" '
+                   f'text-anchor="end" fill="#a4161a">{_e(name)} {_e(fmt_bytes(cap))}</text>')
+    ly = base + 12 * max(1, min(3, len(on_scale))) + 20
     for i, (name, _) in enumerate(terms):
         lx = left + (i % 3) * 190
         yy = ly + 14 * (i // 3)
-        parts_svg.append(f'<rect x="{lx}" y="{yy - 9}" width="10" height="10" fill="{colour_of[name]}"/>'
-                         f'<text x="{lx + 14}" y="{yy}">{_e(name)}</text>')
-    parts_svg.append("</svg>")
-    return "".join(parts_svg)
+        out.append(f'<rect x="{lx}" y="{yy - 9}" width="10" height="10" fill="{colour_of[name]}"/>'
+                   f'<text x="{lx + 14}" y="{yy}">{_e(name)}</text>')
+    if off_lines:
+        out.append(f'<text x="{left}" y="{ly + 14 * legend_rows + 4}" fill="#a4161a">capacities off scale '
+                   f'(more than 4x the largest bar):</text>')
+        for i, chunk in enumerate(off_lines):
+            names = ", ".join(f"{n} {fmt_bytes(c)}" for n, c in chunk)
+            out.append(f'<text x="{left + 12}" y="{ly + 14 * (legend_rows + i + 1) + 4}" fill="#a4161a">{_e(names)}</text>')
+    out.append("</svg>")
+    return "".join(out)
 
 
 def render_html(manifest: Mapping[str, Any]) -> str:
