@@ -141,3 +141,18 @@ def test_bad_explicit_allowed_signers_is_one_usage_error(tree, tmp_path, capsys)
     repo, _ = tree
     assert main(["verify", str(repo), "--signature-only", "--allowed-signers", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_empty_results_repository_verifies_as_zero_manifests(tmp_path, capsys):
+    repo = tmp_path / "results"
+    (repo / ".capture").mkdir(parents=True)
+    (repo / ".capture" / "results.toml").write_text("layout = 1\n")
+    assert main(["verify", str(repo), "--signature-only"]) == 0
+    assert capsys.readouterr().out.startswith("0 manifest(s)")
+
+
+def test_project_manifests_folder_verifies():
+    """manifests/ of this project is a results repository; every manifest in it must verify."""
+    folder = Path(__file__).resolve().parent.parent / "manifests"
+    report = verify_tree([str(folder)])
+    assert report.exit_code == 0, "\n".join(e.line() for e in report.entries)

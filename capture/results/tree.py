@@ -109,6 +109,12 @@ class TreeReport:
         }
 
 
+def is_results_repo(path: str | os.PathLike[str]) -> bool:
+    """A folder laid out by `capture pin` (an empty one verifies as "0 manifests", not an error)."""
+    p = Path(path)
+    return p.is_dir() and ((p / ".capture" / "results.toml").is_file() or (p / "index.json").is_file())
+
+
 def _hidden(name: str) -> bool:
     return name.startswith(".")
 
@@ -261,7 +267,7 @@ def verify_tree(paths: Sequence[str | os.PathLike[str]], allowed_signers: str | 
     """
     t0 = time.perf_counter()
     files = expand(paths)
-    if not files:
+    if not files and not all(is_results_repo(p) for p in paths):
         raise UsageError(f"no manifest (*.toml) found in {', '.join(map(str, paths))}",
                          "name a results repository folder, a glob such as 'runs/**/*.toml', or manifest files")
     if allowed_signers is not None:
@@ -294,7 +300,7 @@ def verify_paths(paths: list[str], allowed_signers: str | os.PathLike[str] | Non
     if json_out:
         out.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     else:
-        width = max(len(e.status) for e in report.entries)
+        width = max((len(e.status) for e in report.entries), default=2)
         for e in report.entries:
             out.write(e.line(width) + "\n")
         out.write(report.summary_line() + "\n")
