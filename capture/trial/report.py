@@ -599,10 +599,11 @@ def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, wid
                 out.append(_fit_width(f"{'':{label_w}}{_clean(k):<{key_w}}  {_clean(v)}".rstrip(), width))
         for grid in sec.grids:
             cells = [[_clean(c) for c in row] for row in grid.rows]
-            widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(grid.headers)]
+            widths = [min(48, max(len(h), *(len(r[i]) for r in cells))) for i, h in enumerate(grid.headers)]
+            cells = [[c if len(c) <= w else c[: w - 1] + "…" for c, w in zip(row, widths)] for row in cells]
             line = lambda row: ("".ljust(label_w) + "  ".join(c.ljust(w) for c, w in zip(row, widths))).rstrip()  # noqa: E731
-            out.append(line(grid.headers))
-            out.append(line(["-" * w for w in widths]))
+            out.append(_fit_width(line(grid.headers), width))
+            out.append(_fit_width(line(["-" * w for w in widths]), width))
             out.extend(_fit_width(line(r), width) for r in cells)
     return "\n".join(out) + "\n"
 

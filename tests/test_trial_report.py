@@ -1,0 +1,272 @@
+"""The trial report: terminal summary and self-contained HTML, from manifests complete or not.
+
+The manifest is synthetic but built from the H200 readings in tests/fixtures/h200/probe.json
+(llama_1b: allocator peaks, NVML device use, step median/CV, checkpoint write/size/load).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import statistics
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capture import manifest as mf
+from capture.trial import report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "h200"
+EVIL = "<script>alert('x')</script>"
+
+
+def _probe() -> dict:
+    return json.loads((FIXTURES / "probe.json").read_text())
+
+
+def _manifest() -> dict:
+    p = _probe()
+    llama, nvml, torch_ = p["llama_1b"], p["nvml"], p["torch"]
+    median, cv = llama["step_med_s"], llama["step_cv"]
+    # 20 measured steps spread around the measured median with the measured CV.
+    rng = np.random.default_rng(0)
+    steps = [float(median * (1 + cv * z)) for z in rng.standard_normal(20)]
+    weights = llama["params"] * 4
+    m = mf.new_manifest("trial")
+    m["accelerator"] = {"vendor": "nvidia", "model": nvml["name"], "count": 1, "driver_version": nvml["driver"],
+                        "runtime": "CUDA", "runtime_version": "13.0", "memory_per_device_bytes": nvml["mem_total"]}
+    m["nvidia"] = {"driver_version": nvml["driver"], "cuda_driver_version": "13.0"}
+    m["framework"] = {"name": "torch", "version": torch_["version"], "cuda_version": torch_["cuda"]}
+    m["trial"] = {
+        "config_source": "example:llama-1b",
+        "run": {"name": "llama-1b", "device": "cuda", "device_name": nvml["name"], "method": "full",
+                "params_total": llama["params"], "params_trainable": llama["params"], "trainable_share": 1.0,
+                "max_seq_len": llama["seq"], "micro_batch_size": llama["mb"], "grad_accum": 1,
+                "tokens_per_step": llama["seq"] * llama["mb"], "warmup_steps": 3, "measured_steps": 20, "seed": 1234,
+                "model": {"source": "from_config", "architecture": "llama", "class": "LlamaForCausalLM"},
+                "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.1, "fused": True},
+                "precision": {"dtype": "bf16", "autocast": True, "weights_dtype": "float32"}},
+        "memory": {
+            "estimate": {"total_bytes": 45_000_000_000, "allocator_bytes": 44_349_030_912, "note": "estimate",
+                         "weights": {"bytes": weights, "formula": "params_total x bytes_per_weight"},
+                         "gradients": {"bytes": weights, "formula": "params_trainable x bytes_per_weight"},
+                         "optimizer_state": {"bytes": 2 * weights, "formula": "params x 2 x 4"},
+                         "activations": {"bytes": 44_349_030_912 - 4 * weights, "formula": "per token per layer"},
+                         "framework_overhead": {"bytes": p["ctx_overhead_bytes"], "formula": "measured"}},
+            "measured": {"device_type": "cuda", "peak_allocated_bytes": llama["max_alloc"],
+                         "peak_reserved_bytes": llama["max_reserved"], "device_used_bytes": llama["nvml_used"],
+                         "device_used_source": "NVML memory used"},
+            "estimate_error": (45_000_000_000 - llama["nvml_used"]) / llama["nvml_used"],
+        },
+        "steps": {"step_time_s": steps, "warmup_step_time_s": [2.9, 0.6, 0.3], "data_wait_s": [0.0004] * 20,
+                  "loss": [10.95 - 0.01 * i for i in range(20)]},
+        "stats": {"step_time_median_s": statistics.median(steps), "step_time_p90_s": report.percentile(steps, 90),
+                  "step_time_cv": cv, "tokens_per_s": llama["tok_s"], "mfu": llama["mfu"], "stall_share": 0.0016},
+        "validation": {"duration_s": 1.02, "batches": 4, "loss": 10.71},
+        "checkpoint": {"duration_s": llama["ckpt_write_s"], "size_bytes": llama["ckpt_bytes"],
+                       "bytes_per_s": llama["ckpt_bytes"] / llama["ckpt_write_s"]},
+        "fit": {"fits": True, "verdict": "fits: full steps completed with at least 10% of NVML total free", "headroom": 0.1,
+                "cards": [{"name": "A100 80GB SXM", "memory_bytes": 85_899_345_920, "fits": True, "tested": False,
+                           "headroom_bytes": 85_899_345_920 - llama["nvml_used"], "headroom_fraction": 0.397, "basis": "NVML"},
+                          {"name": "H200 141GB", "memory_bytes": nvml["mem_total"], "fits": True, "tested": True,
+                           "headroom_bytes": nvml["mem_total"] - llama["nvml_used"], "headroom_fraction": 0.656, "basis": "NVML"}]},
+        "recovery": {"verdict": "bit-exact", "save_at_step": 2, "total_steps": 4, "fresh_process": True, "withheld": [],
+                     "loss_diff": 0.0, "losses_uninterrupted": p["resume_losses"]["full"][:4],
+                     "losses_resumed": p["resume_losses"]["full"][2:4],
+                     "param_hash_uninterrupted": "sha256:" + "ab" * 32, "param_hash_resumed": "sha256:" + "ab" * 32,
+                     "checkpoint_size_bytes": llama["ckpt_bytes"], "checkpoint_write_s": llama["ckpt_write_s"],
+                     "restore_load_s": llama["ckpt_load_s"], "sensitivity_control": "bit-exact",
+                     "sensitivity": [
+                         {"component": "model", "applicable": True, "depends": True, "diverged_at_step": 3, "loss_diff": 0.66},
+                         {"component": "rng_python", "applicable": True, "depends": False, "loss_diff": 0.0},
+                         {"component": "rng_cuda", "applicable": True, "depends": True, "diverged_at_step": 3,
+                          "loss_diff": -0.0074},
+                         {"component": "scaler", "applicable": False,
+                          "note": "not applicable: no grad scaler (only fp16 training uses one)"}]},
+        "cost": {"wall_total_s": 95.0, "price_per_hour": 3.5, "trial_cost": 95.0 / 3600 * 3.5,
+                 "cost_per_million_trained_tokens": 0.02, "phases": {"steps_s": 6.0, "recovery_s": 40.0}},
+    }
+    return m
+
+
+SECTIONS = ("run", "memory", "steps", "stats", "validation", "checkpoint", "fit", "recovery", "cost")
+
+
+def test_terminal_summary_shows_every_stage():
+    text = report.render_terminal(_manifest(), colour=False)
+    p = _probe()
+    assert "NVIDIA H200 · driver 580.159.04 · CUDA 13.0 · torch 2.11.0+cu130 (CUDA 13.0)" in text
+    assert "852,559,872 trainable of 852,559,872" in text
+    assert "seq 2,048 · micro-batch 8" in text
+    # estimate vs NVML device use, with the relative error the runner recorded
+    assert "estimate 41.91 GiB vs measured 48.24 GiB device used (error -13.1 %)" in text
+    assert re.search(r"measured peak allocated +43\.90 GiB", text)
+    assert re.search(r"Steps +median 25\d\.\d ms, p90 2\d\d\.\d ms, CV 0\.73 %", text)
+    assert "20 measured after 3 warm-up" in text
+    assert "64,113 tok/s" in text and "mfu" in text and "33.16 %" in text
+    assert f"{p['llama_1b']['ckpt_write_s']:.2f} s" in text
+    assert re.search(r"H200 141GB +140\.40 GiB +92\.16 GiB \(65\.6 %\) .* yes +yes", text)
+    assert "Recovery    bit-exact (checkpoint after step 2 of 4, restored in a fresh process)" in text
+    assert re.search(r"rng_cuda +yes +3 +-0\.0074", text)
+    assert re.search(r"rng_python +no\b", text)
+    assert re.search(r"scaler +not applicable", text)
+    assert "0.09236 for the whole trial" in text
+    assert re.search(r"recovery +40\.00 s +42\.1 %", text)
+    assert "\x1b" not in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_withheld_component_and_divergence_are_flagged():
+    m = _manifest()
+    m["trial"]["recovery"].update(verdict="diverged at step 3", diverged_at_step=3, loss_diff=-0.0074,
+                                  withheld=["rng_cuda"], max_abs_param_diff=2.4e-4, param_hash_resumed="sha256:" + "cd" * 32)
+    text = report.render_terminal(m, colour=False)
+    assert "Recovery    diverged at step 3 (checkpoint after step 2 of 4" in text
+    assert re.search(r"WITHHELD on purpose +rng_cuda → diverged at step 3", text)
+    assert re.search(r"loss diff at divergence +-0\.0074 \(resumed − uninterrupted\)", text)
+    assert re.search(r"parameter hash +differs", text)
+    html_text = report.render_html(m)
+    assert 'class="status bad"' in html_text and "rng_cuda → diverged at step 3" in html_text
+
+
+def test_colour_only_when_asked_or_tty(capsys):
+    m = _manifest()
+    assert "\x1b[32m" in report.render_terminal(m, colour=True)  # bit-exact in green
+    assert "\x1b" not in report.render_terminal(m)  # pytest's stdout is not a TTY
+
+
+def test_html_is_self_contained_and_plots_the_measured_steps(tmp_path):
+    m = _manifest()
+    path = report.write_html(m, tmp_path / "run.html")
+    assert path == tmp_path / "run.html"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.html"]  # atomic: no temp file left
+    text = path.read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    assert "<script" not in text.lower() and "<link" not in text.lower() and " src=" not in text
+    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", text)  # only the SVG namespace URI
+    svgs = re.findall(r"<svg.*?</svg>", text, re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        ET.fromstring(svg)  # well-formed: every string escaped
+    steps_svg = next(s for s in svgs if 'aria-label="step time per step"' in s)
+    mem_svg = next(s for s in svgs if 'aria-label="memory: estimate and measured"' in s)
+    # 20 measured points + the 0.3 s warm-up step; the 2.9 s and 0.6 s warm-up steps are off the
+    # scale (set by the measured steps) and drawn as triangles at the top edge
+    assert steps_svg.count("<circle") == 21 and steps_svg.count("<path") == 2
+    median = statistics.median(m["trial"]["steps"]["step_time_s"])
+    assert f"median {report.fmt_seconds(median)}" in steps_svg and "p90 " in steps_svg
+    assert "warm-up (excluded)" in steps_svg
+    for label in ("estimate", "peak allocated", "peak reserved", "device used", "weights", "activations",
+                  "framework overhead", "A100 80GB SXM 80.00 GiB", "H200 141GB = this device 140.40 GiB"):
+        assert label in mem_svg
+    assert mem_svg.count("<rect") == 5 + 3 + 5  # stacked terms, three measured bars, legend swatches
+
+
+def test_every_string_is_escaped(tmp_path):
+    m = _manifest()
+    m["trial"]["run"]["name"] = EVIL
+    m["trial"]["fit"]["cards"][0]["name"] = EVIL
+    m["trial"]["recovery"]["sensitivity"][3]["note"] = EVIL
+    m["trial"]["memory"]["estimate"][EVIL] = {"bytes": 1000, "formula": EVIL}
+    m["trial"]["cost"][EVIL] = EVIL
+    text = report.write_html(m, tmp_path / "r.html").read_text()
+    assert "<script" not in text
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
+    for svg in re.findall(r"<svg.*?</svg>", text, re.S):
+        ET.fromstring(svg)
+
+
+def test_terminal_neutralises_control_characters():
+    m = _manifest()
+    m["trial"]["run"]["name"] = "x\x1b[2J\x1b]0;pwned\x07y"
+    text = report.render_terminal(m, colour=False)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "x\\x1b[2J\\x1b]0;pwned\\x07y" in text
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_a_missing_stage_reads_not_measured(section, tmp_path):
+    m = _manifest()
+    del m["trial"][section]
+    text = report.render_terminal(m, colour=False)
+    report.write_html(m, tmp_path / "r.html")
+    title = {"stats": None, "run": "Run", "memory": "Memory", "steps": None, "validation": "Validation",
+             "checkpoint": "Checkpoint", "fit": "Fit", "recovery": "Recovery", "cost": "Cost"}[section]
+    if title:
+        assert re.search(rf"^{title} +not measured$", text, re.M), text
+
+
+def test_steps_and_stats_both_missing():
+    m = _manifest()
+    del m["trial"]["steps"], m["trial"]["stats"]
+    assert re.search(r"^Steps +not measured$", report.render_terminal(m, colour=False), re.M)
+    assert report.step_time_svg(m) == ""
+
+
+def test_skipped_stages_say_why():
+    m = _manifest()
+    m["trial"]["recovery"] = {"skipped": "--no-recovery"}
+    m["trial"]["validation"] = {"skipped": "trial.data.validation_fraction = 0: no held-out data"}
+    text = report.render_terminal(m, colour=False)
+    assert "Recovery    skipped: --no-recovery" in text
+    assert "Validation  skipped: trial.data.validation_fraction = 0" in text
+
+
+@pytest.mark.parametrize("manifest", [
+    {},
+    {"schema_version": 1, "kind": "trial"},
+    {"schema_version": 1, "trial": "not a table"},
+    {"trial": {"steps": {"step_time_s": "oops", "loss": [None, "x"]}, "fit": "x", "memory": {"estimate": [1, 2]},
+               "recovery": {"sensitivity": [1, "a", {"component": "model"}], "withheld": "rng_python"},
+               "cost": {"phases": {"steps_s": "fast"}}, "stats": {"step_time_median_s": "n/a"}}},
+    {"accelerator": "H200", "framework": [], "trial": {"run": {"params_trainable": "many", "model": 3}}},
+], ids=["empty", "header-only", "trial-not-table", "wrong-types", "wrong-stack-types"])
+def test_broken_or_foreign_manifests_never_crash(manifest, tmp_path):
+    text = report.render_terminal(manifest, colour=False)
+    assert text.startswith("capture trial report")
+    html_text = report.write_html(manifest, tmp_path / "r.html").read_text()
+    assert html_text.rstrip().endswith("</html>")
+
+
+def test_empty_manifest_is_all_not_measured():
+    text = report.render_terminal({"schema_version": 1, "kind": "trial"}, colour=False)
+    for title in ("Run", "Memory", "Steps", "Validation", "Checkpoint", "Fit", "Recovery", "Cost"):
+        assert re.search(rf"^{title} +not measured$", text, re.M)
+    assert "no accelerator recorded" in text
+
+
+def test_report_of_a_written_manifest_round_trips(tmp_path):
+    """What the runner hands over is what a reader later parses back from TOML: same report."""
+    m = _manifest()
+    path = tmp_path / "trial.toml"
+    mf.write(path, m)
+    parsed = mf.parse_body(path.read_bytes())
+    # TOML puts a table's plain keys before its sub-tables, so only the order of rows may differ.
+    assert sorted(report.render_terminal(parsed, colour=False).splitlines()) == \
+        sorted(report.render_terminal(copy.deepcopy(m), colour=False).splitlines())
+
+
+def test_units_follow_the_key_names():
+    assert report.fmt_value("size_bytes", 10_230_911_945) == "9.53 GiB"
+    assert report.fmt_value("duration_s", 26.59) == "26.59 s"
+    assert report.fmt_value("step_time_median_s", 0.2555) == "255.5 ms"
+    assert report.fmt_value("bytes_per_s", 67_615_115) == "64.48 MiB/s"
+    assert report.fmt_value("tokens_per_s", 64113.2) == "64,113 tok/s"
+    assert report.fmt_value("stall_share", 0.0016) == "0.16 %"
+    assert report.fmt_value("estimate_error", -0.131) == "-13.1 %"
+    assert report.fmt_value("headroom", 0.1) == "10.00 %"
+    assert report.fmt_value("fits", True) == "yes"
+    assert report.fmt_value("wall_total_s", 7300) == "2.03 h"
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q):
+    values = [0.31, 0.25, 0.27, 0.26, 0.9, 0.255, 0.2601]
+    assert report.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_html_path_sits_next_to_the_manifest():
+    assert report.html_path_for(Path("results/trial-tiny.toml")) == Path("results/trial-tiny.html")
