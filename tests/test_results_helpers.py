@@ -66,16 +66,18 @@ def h200_manifest(kind: str = "trial", created_utc: str = "2026-12-02T10:15:00Z"
                     "commit": "4e20de362430cd3b72f300e6b0f18e50e7166e08", "source": "hf-cache"}]
     if kind == "trial":
         m["trial"] = {
-            "run": {"method": "full", "precision": "bf16", "micro_batch": run["mb"], "max_seq_len": run["seq"],
+            "run": {"method": "full", "precision": "bf16", "micro_batch_size": run["mb"], "max_seq_len": run["seq"],
                     "params_total": run["params"], "device": "cuda:0"},
             "stats": {"tokens_per_s": run["tok_s"], "step_time_median_s": run["step_med_s"],
                       "step_time_p90_s": run["step_med_s"] * (1 + run["step_cv"]), "mfu": run["mfu"],
                       "step_time_cv": run["step_cv"]},
             "memory": {"measured": {"peak_allocated_bytes": run["max_alloc"], "peak_reserved_bytes": run["max_reserved"],
                                     "device_used_bytes": run["nvml_used"]}},
-            "checkpoint": {"write_s": run["ckpt_write_s"], "size_bytes": run["ckpt_bytes"]},
+            "checkpoint": {"duration_s": run["ckpt_write_s"], "size_bytes": run["ckpt_bytes"],
+                           "bytes_per_s": run["ckpt_bytes"] / run["ckpt_write_s"], "fsync": True},
             "recovery": {"verdict": "diverged at step 5" if not p["resume_bitexact"] else "bit-exact"},
-            "cost": {"cost_per_million_tokens": 0.17, "currency": "USD"},
+            "cost": {"wall_total_s": 612.0, "price_per_hour": 3.5, "price_source": "--price-per-hour",
+                     "trial_cost": 0.595, "trained_tokens": 3_500_000, "cost_per_million_trained_tokens": 0.17},
         }
     return m
 

@@ -239,8 +239,6 @@ def figure_changes(a: RunSummary, b: RunSummary) -> list[FigureChange]:
         if name == "peak_memory_bytes" and a.figures.peak_memory_source != b.figures.peak_memory_source:
             label = f"peak memory ({a.figures.peak_memory_source} vs {b.figures.peak_memory_source})"
             verdict = "not comparable" if verdict in ("better", "worse") else verdict
-        if name == "cost_per_million_tokens" and a.figures.currency != b.figures.currency:
-            verdict = "not comparable"
         out.append(FigureChange(name, label, unit, va, vb, rel, verdict))
     return out
 
@@ -309,11 +307,6 @@ def render(c: Comparison) -> str:
         for f in c.figures:
             rel = f"{f.relative_change:+.1%}" if f.relative_change is not None else ""
             unit = f.unit if f.unit != "bytes" else "bytes"
-            a_txt = _value(f.a, unit)
-            b_txt = _value(f.b, unit)
-            if f.name == "cost_per_million_tokens":
-                a_txt += f" {c.a.summary.figures.currency or ''}".rstrip() if f.a is not None else ""
-                b_txt += f" {c.b.summary.figures.currency or ''}".rstrip() if f.b is not None else ""
-            rows.append([f.label, a_txt, "->", b_txt, rel, f.verdict])
+            rows.append([f.label, _value(f.a, unit), "->", _value(f.b, unit), rel, f.verdict])
         lines.extend(_table(rows))
     return "\n".join(lines)

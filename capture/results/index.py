@@ -65,8 +65,7 @@ _MD_COLUMNS = (
     ("step median (s)", lambda r: fmt_number(r.get("step_time_median_s"))),
     ("peak memory", lambda r: human_bytes(r.get("peak_memory_bytes"))),
     ("recovery", lambda r: r.get("recovery_verdict", "-")),
-    ("cost / M tokens", lambda r: f"{fmt_number(r['cost_per_million_tokens'])} {r.get('currency', '')}".strip()
-     if r.get("cost_per_million_tokens") is not None else "-"),
+    ("cost / M tokens", lambda r: fmt_number(r.get("cost_per_million_tokens"))),
     ("signer", lambda r: r.get("signer", "-")),
     ("manifest", lambda r: f"[{r['content_id']}]({r['path']})"),
 )

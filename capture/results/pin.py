@@ -225,7 +225,7 @@ def commit_message(runs: Sequence[PinnedRun], subject: str | None = None) -> str
             f"{fmt_number(f.tokens_per_s)} tokens/s" if f.tokens_per_s is not None else "",
             f"step median {fmt_number(f.step_time_median_s)} s" if f.step_time_median_s is not None else "",
             f"recovery {f.recovery_verdict}" if f.recovery_verdict else "",
-            f"{fmt_number(f.cost_per_million_tokens)} {f.currency or ''}/M tokens".replace(" /", "/")
+            f"cost {fmt_number(f.cost_per_million_tokens)} per M tokens"
             if f.cost_per_million_tokens is not None else "") if x)
         lines.append(f"- {r.path}: {s.accelerator}" + (f"; {stack}" if stack else "") + (f"; {figs}" if figs else "")
                      + (f"; signed by {s.signer}" if s.signer else ""))

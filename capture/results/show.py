@@ -16,6 +16,7 @@ from capture.results._sig import SignatureStatus, signature_status
 from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
 
 log = logging.getLogger(__name__)
+_RUNTIME_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def render(shown: Shown) -> str:
         ("accelerator", acc),
         ("driver", _join(s.driver_version, dig(d, "nvidia.cuda_driver_version")
                          and f"CUDA driver API {dig(d, 'nvidia.cuda_driver_version')}")),
-        ("runtime", _join(s.runtime and s.runtime.upper() if s.runtime != "cpu" else "cpu", s.runtime_version, sep=" ")),
+        ("runtime", _join(_RUNTIME_NAMES.get(s.runtime or "", s.runtime), s.runtime_version, sep=" ")),
         ("framework", _join(s.torch_version and f"torch {s.torch_version}", s.cudnn_version and f"cuDNN {s.cudnn_version}",
                             s.nccl_version and f"NCCL/RCCL {s.nccl_version}")),
         ("python", _join(s.python_version, s.package_count is not None and f"{s.package_count} packages")),
@@ -97,7 +98,6 @@ def _trial_report(data: dict[str, Any], s: RunSummary) -> str:
         except Exception:  # a manifest from another version must still be viewable
             log.warning("the trial report could not render this manifest; showing the key figures only", exc_info=True)
     f = s.figures
-    cost = f"{fmt_number(f.cost_per_million_tokens)} {f.currency or ''}".strip() if f.cost_per_million_tokens is not None else None
     return "trial\n" + "\n".join("  " + line for line in _kv([
         ("tokens/s", fmt_number(f.tokens_per_s)),
         ("step time median", f.step_time_median_s is not None and f"{fmt_number(f.step_time_median_s)} s" or "-"),
@@ -106,5 +106,5 @@ def _trial_report(data: dict[str, Any], s: RunSummary) -> str:
         ("MFU", fmt_number(f.mfu)),
         ("checkpoint write", f.checkpoint_write_s is not None and f"{fmt_number(f.checkpoint_write_s)} s" or "-"),
         ("recovery", f.recovery_verdict or "-"),
-        ("cost / M tokens", cost or "-"),
+        ("cost / M tokens", fmt_number(f.cost_per_million_tokens)),
     ]))

@@ -46,9 +46,15 @@ def _first(data: Mapping[str, Any], *paths: str) -> tuple[Any, str | None]:
 
 
 def artifact_refs(data: Mapping[str, Any], section: str) -> tuple[str, ...]:
-    """``repo@revision`` for each model or dataset; the resolved commit wins over a branch name."""
+    """``repo@revision`` for each model or dataset; the resolved commit wins over a branch name.
+
+    A trial whose model was not fingerprinted in ``[[models]]`` still names it in ``[trial.run.model]``.
+    """
     out = []
-    for item in data.get(section) or ():
+    items = data.get(section) or ()
+    if not items and section == "models" and isinstance(dig(data, "trial.run.model"), Mapping):
+        items = (dig(data, "trial.run.model"),)
+    for item in items:
         if not isinstance(item, Mapping) or "skipped" in item and len(item) == 1:
             continue
         name = item.get("repo_id") or item.get("spec") or item.get("path") or "?"
@@ -92,7 +98,7 @@ class Figures:
     mfu: float | None = None
     checkpoint_write_s: float | None = None
     cost_per_million_tokens: float | None = None
-    currency: str | None = None
+    """Whole trial cost / million trained tokens, in the currency of the price the user gave."""
     recovery_verdict: str | None = None
 
     @property
@@ -113,10 +119,8 @@ FIGURE_PATHS: dict[str, tuple[str, ...]] = {
         "trial.memory.measured.peak_allocated_bytes",
     ),
     "mfu": ("trial.stats.mfu",),
-    "checkpoint_write_s": ("trial.checkpoint.write_s", "trial.checkpoint.write_time_s",
-                           "trial.checkpoint.duration_s", "trial.recovery.checkpoint_write_s"),
-    "cost_per_million_tokens": ("trial.cost.cost_per_million_tokens", "trial.cost.per_million_tokens"),
-    "currency": ("trial.cost.currency",),
+    "checkpoint_write_s": ("trial.checkpoint.duration_s", "trial.recovery.checkpoint_write_s"),
+    "cost_per_million_tokens": ("trial.cost.cost_per_million_trained_tokens",),
     "recovery_verdict": ("trial.recovery.verdict",),
 }
 
@@ -125,7 +129,7 @@ def figures(data: Mapping[str, Any]) -> Figures:
     values: dict[str, Any] = {}
     for name, paths in FIGURE_PATHS.items():
         v, where = _first(data, *paths)
-        if name in ("currency", "recovery_verdict"):
+        if name == "recovery_verdict":
             values[name] = v if isinstance(v, str) else None
             continue
         v = _number(v)
