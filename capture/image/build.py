@@ -124,8 +124,11 @@ def git_identity(root: Path) -> tuple[str, str]:
 def build_capture_wheel(root: Path, dest: Path, python: str = sys.executable) -> tuple[Path, str]:
     """A wheel of this checkout (no dependencies: those are locked) and its sha256."""
     dest.mkdir(parents=True, exist_ok=True)
+    # A fixed timestamp makes the wheel's bytes depend on the source alone, so an unchanged
+    # checkout hits Docker's layer cache.
+    env = {**locks.environ_without_pip_target(), "SOURCE_DATE_EPOCH": "315532800"}
     proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--wheel-dir", str(dest), str(root)], capture_output=True, text=True)
+                           "--wheel-dir", str(dest), str(root)], capture_output=True, text=True, env=env)
     wheels = sorted(dest.glob("capture-*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr.strip().splitlines() or ["no wheel produced"])[-1]
