@@ -211,8 +211,12 @@ def test_killed_pin_leaves_repo_as_it_was(repo, keys, tmp_path):
     proc = _pin_in_subprocess(src, repo, "kill:before-commit")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert _state(repo) == before
-    # The commit it had built exists only as an unreachable object; the next pin just works.
+    git_dir = repo / ".git"
+    assert list(git_dir.glob("capture-pin-*")), "the killed pin should have left its temporary index"
+    # The commit it had built exists only as an unreachable object; the next pin just works
+    # and removes the dead process's temporary index.
     assert pin([str(src)], repo).commit is not None
+    assert not list(git_dir.glob("capture-pin-*"))
     assert git(repo, "status", "--porcelain") == ""
 
 

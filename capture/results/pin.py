@@ -294,19 +294,21 @@ def _commit_atomically(repo, top: Path, plan: _Plan, message: str) -> str:
 
     git_dir = Path(repo.git_dir)
     old = _head(repo)
+    assert old is not None  # _trust_file required a commit holding the allowed-signers file
+    _remove_stale_temp_indexes(git_dir)
     tmp_index = git_dir / f"capture-pin-{os.getpid()}.index"
     new_index = git_dir / f"capture-pin-{os.getpid()}.next-index"
     try:
         # Step 2: objects and a commit that nothing points to yet.
         env = {"GIT_INDEX_FILE": str(tmp_index)}
-        _git(repo, "read-tree", *([old] if old else ["--empty"]), env=env)
+        _git(repo, "read-tree", old, env=env)
         entries = []
         for rel, data in plan.files.items():
             sha = repo.odb.store(IStream("blob", len(data), io.BytesIO(data))).hexsha.decode()
             entries += ["--cacheinfo", f"100644,{sha},{rel}"]
         _git(repo, "update-index", "--add", *entries, env=env)
         tree = _git(repo, "write-tree", env=env).strip()
-        commit = _git(repo, "commit-tree", tree, *(["-p", old] if old else []), "-m", message).strip()
+        commit = _git(repo, "commit-tree", tree, "-p", old, "-m", message).strip()
         _hook("before-commit")
         # Step 3: publish, under the index lock.
         _publish(repo, top, git_dir, plan, entries, old, commit, new_index)
@@ -319,7 +321,19 @@ def _commit_atomically(repo, top: Path, plan: _Plan, message: str) -> str:
                 pass
 
 
-def _publish(repo, top: Path, git_dir: Path, plan: _Plan, entries: list[str], old: str | None,
+def _remove_stale_temp_indexes(git_dir: Path) -> None:
+    """Temporary indexes left by a pin that was killed (invisible to git, but litter)."""
+    for p in git_dir.glob("capture-pin-*.*index"):
+        try:
+            pid = int(p.name.split("-")[2].split(".")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError, OSError):
+            continue
+
+
+def _publish(repo, top: Path, git_dir: Path, plan: _Plan, entries: list[str], old: str,
              commit: str, new_index: Path) -> None:
     lock = git_dir / "index.lock"
     try:
@@ -350,7 +364,7 @@ def _publish(repo, top: Path, git_dir: Path, plan: _Plan, entries: list[str], ol
             atomic_write(dest, data)
             written.append(dest)
         _hook("after-files")
-        _git(repo, "update-ref", "-m", "capture pin", "HEAD", commit, old or "")
+        _git(repo, "update-ref", "-m", "capture pin", "HEAD", commit, old)
         head_moved = True
         _hook("after-update-ref")
         os.replace(new_index, lock)
@@ -374,10 +388,7 @@ def _undo(repo, written, previous, made_dirs, head_moved, old, commit) -> None:
     errors = []
     if head_moved:
         try:
-            if old:
-                _git(repo, "update-ref", "-m", "capture pin: undo", "HEAD", old, commit)
-            else:
-                _git(repo, "update-ref", "-d", "HEAD", commit)
+            _git(repo, "update-ref", "-m", "capture pin: undo", "HEAD", old, commit)
         except CaptureError as exc:
             errors.append(exc.message)
     for p in written:
