@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from capture._atomic import atomic_write
-from capture.trial.scaling import BatchPlan, is_collective, step_stats, union_seconds
+from capture.trial.scaling import NO_COLLECTIVE, BatchPlan, is_collective, step_stats, union_seconds
 
+_T0 = time.perf_counter()
 _RANK_SEED_STRIDE = 1_000_033  # rank r > 0 draws dropout from seed + r * stride; rank 0 keeps the baseline's stream
 
 
@@ -230,7 +231,7 @@ def _profile(built: Built, steps: int, device: Any) -> dict[str, Any]:
     if on_host:
         return {"comm_share": min(1.0, union_seconds(on_host) / elapsed), "comm_share_source": "host ops (all threads)",
                 "profiled_step_time_s": elapsed / steps}
-    return {"comm_share_note": "the profiler recorded no collective op in the profiled steps"}
+    return {"comm_share_note": NO_COLLECTIVE}
 
 
 def _global_mean(values: Any, world: int) -> list[float]:
@@ -451,6 +452,12 @@ def _gather(obj: Any, rank: int, world: int, coord: Any) -> list[Any]:
 # --------------------------------------------------------------------------- entry
 
 
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
+        sys.stderr.write(f"[capture rank 0 +{time.perf_counter() - _T0:.1f}s] {text}\n")
+        sys.stderr.flush()
+
+
 def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
@@ -468,6 +475,7 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(job["timeout_s"]))
     dist.init_process_group(backend=job["backend"], timeout=timeout)
+    _say(rank, f"process group up ({job['backend']}, {world} ranks)")
     # Barriers and object gathers go over gloo: rank 0 may train the baseline for minutes meanwhile.
     coord = dist.new_group(backend="gloo", timeout=timeout) if job["backend"] != "gloo" else None
 
@@ -482,14 +490,18 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
             result.update(binding=binding, topology=local_topology(device), collective=collective_loaded(job["backend"]),
                           environment=env_probe.probe(ProbeOptions(), env=os.environ).to_manifest())
             result["baseline"] = measure_baseline(config, device, mem, job)
+            _say(rank, "baseline measured")
         dist.barrier(group=coord)
         result["strategies"] = {}
         for s in job["strategies"]:
             result["strategies"][s] = measure_strategy(s, per_rank, plan, device, mem, job, rank, world, coord)
+            _say(rank, f"{s} measured")
         if job["recovery"]["enabled"]:
             result["recovery"] = {s: reference_run(s, per_rank, plan, device, job, rank, world) for s in job["strategies"]}
+            _say(rank, "uninterrupted references run and checkpoints saved")
     else:
         result["restore"] = {s: restore_run(s, per_rank, plan, device, job, rank, world) for s in job["strategies"]}
+        _say(rank, "restored and continued")
     dist.barrier(group=coord)
     return result if rank == 0 else None
 

@@ -49,6 +49,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 # A profiler event is a collective when its name holds one of these (case-insensitive).
 COLLECTIVE_MARKERS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter", "nccl", "gloo", "c10d")
 PROFILED_STEPS = 3
+NO_COLLECTIVE = "the profiler recorded no collective op in the profiled steps"
 EFFICIENCY_DEFINITION = ("throughput_N / (N x throughput_1); throughput_1 is the single-device baseline measured "
                          "in the same launch, on the same machine, at the same global batch")
 # Differences smaller than this are reported as a tie in the reading: step times vary by a few percent.
@@ -516,6 +517,9 @@ def _strategy_summary(data: Mapping[str, Any], plan: BatchPlan, baseline_tps: fl
         out["comm_share_basis"] = ("wall time with a collective in flight (union of profiler events named "
                                    f"{'/'.join(COLLECTIVE_MARKERS)}) / step time over {data.get('profiled_steps')} "
                                    "profiled steps, mean over ranks; overlap with compute counts")
+    elif plan.world_size == 1 and all(r.get("comm_share_note") == NO_COLLECTIVE for r in ranks):
+        out["comm_share"] = 0.0
+        out["comm_share_basis"] = "world size 1: the profiler recorded no collective, none was needed"
     else:
         notes = sorted({r.get("comm_share_note", "") for r in ranks if r.get("comm_share_note")})
         out["comm_share_note"] = "not attributable" + (f": {notes[0]}" if notes else "")
@@ -555,6 +559,25 @@ def _recovery_verdict(reference: Mapping[str, Any], resumed: Mapping[str, Any] |
     return out
 
 
+def plan_scaling(config: Any, args: argparse.Namespace) -> BatchPlan:
+    """Check the scaling flags and the batch split without launching anything (call it before the
+    single-device stages, so a bad ``--nproc`` fails in a second, not after them)."""
+    from capture.trial.workload import resolve_device
+
+    if not getattr(args, "nproc", None):
+        raise UsageError("--nproc: the scaling step needs the number of processes per node")
+    _check_args(args)
+    strategies_from(getattr(args, "strategy", "both"))
+    world = args.nproc * (getattr(args, "nnodes", 1) or 1)
+    if resolve_device(config.device).type == "cuda":
+        import torch
+
+        if args.nproc > torch.cuda.device_count():
+            raise UsageError(f"--nproc {args.nproc}: only {torch.cuda.device_count()} CUDA/ROCm device(s) are visible here",
+                             "lower --nproc, or check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
+    return derive_batch(config.batch.micro_batch_size, config.batch.grad_accum, world, config.batch.max_seq_len)
+
+
 def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLike[str],
                 timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S) -> dict[str, Any]:
     """Run the scaling step and return the ``[scaling]`` table.
@@ -562,25 +585,16 @@ def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLik
     ``args`` holds the flags of :func:`add_arguments` (``nproc`` must be set). Raises a
     :class:`CaptureError` subclass for bad flags, a batch that cannot be split, or a failed launch.
     """
-    import torch
-
     from capture.trial.recover import config_to_dict
     from capture.trial.workload import resolve_device
 
-    if not getattr(args, "nproc", None):
-        raise UsageError("--nproc: the scaling step needs the number of processes per node")
-    _check_args(args)
+    plan = plan_scaling(config, args)
     strategies = strategies_from(getattr(args, "strategy", "both"))
     nnodes = getattr(args, "nnodes", 1) or 1
-    world = args.nproc * nnodes
-    device = resolve_device(config.device)
-    device_type = device.type
-    if device_type == "cuda" and args.nproc > torch.cuda.device_count():
-        raise UsageError(f"--nproc {args.nproc}: only {torch.cuda.device_count()} CUDA/ROCm device(s) are visible here",
-                         "lower --nproc, or check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")
-    plan = derive_batch(config.batch.micro_batch_size, config.batch.grad_accum, world, config.batch.max_seq_len)
+    world = plan.world_size
+    device_type = resolve_device(config.device).type
     rec = config.recovery
-    recovery = bool(rec.enabled)
+    recovery = bool(rec.enabled) and not getattr(args, "no_recovery", False)
 
     base = Path(args.dist_dir) if getattr(args, "dist_dir", None) else Path(workdir) / "scaling"
     try:
