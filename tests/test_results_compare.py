@@ -37,7 +37,7 @@ def two_runs(tmp_path, keys):
 
 def test_compare_names_stack_changes_then_figures(two_runs, capsys):
     pa, pb, trusted, gone, a = two_runs
-    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted)]) == 0
+    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted)]) == 1
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "signature valid, signer trusted by alice@lab" in lines[1]
@@ -59,7 +59,7 @@ def test_compare_names_stack_changes_then_figures(two_runs, capsys):
 
 def test_compare_json(two_runs, capsys):
     pa, pb, trusted, gone, a = two_runs
-    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted), "--json"]) == 0
+    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["a"]["signature"]["state"] == "trusted" and doc["b"]["signature"]["state"] == "untrusted"
     assert {"group": "framework", "field": "framework.version", "a": "2.11.0+cu130", "b": "2.10.0+cu128"} in doc["stack"]
@@ -69,11 +69,15 @@ def test_compare_json(two_runs, capsys):
     assert tok["relative_change"] == pytest.approx(-0.12) and tok["verdict"] == "worse"
 
 
-def test_same_run_has_no_stack_difference(two_runs):
-    pa, _, trusted, _, _ = two_runs
+def test_same_stack_is_exit_0_even_when_figures_differ(two_runs, tmp_path, keys, capsys):
+    pa, _, trusted, _, a = two_runs
     c = compare_files(str(pa), str(pa), str(trusted))
     assert c.stack == () and not c.packages
     assert {f.verdict for f in c.figures} == {"same"}
+    a["trial"]["stats"]["tokens_per_s"] *= 1.01
+    keys["alice"].write(tmp_path / "again.toml", a)
+    assert main(["compare", str(pa), str(tmp_path / "again.toml")]) == 0
+    assert "Stack: same" in capsys.readouterr().out
 
 
 def test_compare_reads_tampered_and_unsigned_but_says_so(two_runs, tmp_path):

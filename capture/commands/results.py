@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from capture.errors import EXIT_OK, UsageError
+from capture.errors import EXIT_DRIFT, EXIT_OK, UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,7 +72,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(c.to_json(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(render(c) + "\n")
-    return EXIT_OK
+    # Like `capture diff`: 1 when the stacks differ. Trial figures of two runs always differ a little.
+    return EXIT_DRIFT if c.stack or c.packages else EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
