@@ -146,6 +146,7 @@ def _quiet_libraries() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     for mod in ("transformers", "peft", "torch"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
         warnings.filterwarnings("ignore", category=UserWarning, module=mod)

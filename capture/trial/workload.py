@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -313,7 +314,8 @@ def _build_model(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Mo
             hf_config = AutoConfig.for_model(m.architecture, **m.config)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"trial.model.config: {exc}", "use the keyword names of the transformers config class") from None
-        unknown = sorted(k for k in m.config if not hasattr(hf_config, k))
+        defaults = type(hf_config)()  # a config keeps any keyword as an attribute: compare with a clean one
+        unknown = sorted(k for k in m.config if not hasattr(defaults, k))
         if unknown:
             raise ConfigError(f"trial.model.config.{unknown[0]}: not a field of {type(hf_config).__name__}",
                               "use the keyword names of the transformers config class")
@@ -359,7 +361,9 @@ def _apply_lora(model: torch.nn.Module, config: TrialConfig) -> tuple[torch.nn.M
     if model.config.model_type == "gpt2":
         kwargs["fan_in_fan_out"] = True  # GPT-2 stores its projections as Conv1D (transposed)
     try:
-        model = peft.get_peft_model(model, peft.LoraConfig(**kwargs))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers deprecations peft still calls
+            model = peft.get_peft_model(model, peft.LoraConfig(**kwargs))
     except ValueError as exc:
         raise ConfigError(f"trial.lora.target_modules: {str(exc).splitlines()[0]}",
                           "name modules of this model (e.g. q_proj, v_proj for Llama; c_attn for GPT-2)") from None
