@@ -291,6 +291,7 @@ class GlobalSettings:
 
     num_threads: int
     deterministic_algorithms: bool
+    deterministic_warn_only: bool
     cudnn_deterministic: bool
     cudnn_benchmark: bool
     matmul_allow_tf32: bool
@@ -303,6 +304,7 @@ class GlobalSettings:
         return cls(
             num_threads=torch.get_num_threads(),
             deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+            deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
             cudnn_deterministic=bool(torch.backends.cudnn.deterministic),
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
             matmul_allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
@@ -313,7 +315,7 @@ class GlobalSettings:
         import torch
 
         torch.set_num_threads(self.num_threads)
-        torch.use_deterministic_algorithms(self.deterministic_algorithms)
+        torch.use_deterministic_algorithms(self.deterministic_algorithms, warn_only=self.deterministic_warn_only)
         torch.backends.cudnn.deterministic = self.cudnn_deterministic
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_allow_tf32
@@ -486,11 +488,13 @@ def _sensitivity_entry(component: str, reason: str | None, variant: Mapping[str,
     if "error" in variant:
         entry["note"] = f"failed: {variant['error']}"
         return entry
-    step, diff, _ = compare_run(reference.losses[save_at_step:], reference.hashes, variant["losses"],
-                                (variant["param_hash"], variant["optimizer_hash"]), save_at_step)
+    step, diff, losses_equal = compare_run(reference.losses[save_at_step:], reference.hashes, variant["losses"],
+                                           (variant["param_hash"], variant["optimizer_hash"]), save_at_step)
     entry.update(depends=step is not None, loss_diff=diff)
     if step is not None:
         entry["diverged_at_step"] = step
+        if losses_equal:
+            entry["note"] = "every loss equal; the final parameters or optimizer state differ"
     if not control_ok:
         entry["note"] = "unreliable: the control (full restore, same process) was not bit-exact either"
     return entry
@@ -500,7 +504,7 @@ def _recovery_settings(config: Any) -> tuple[int, int, tuple[str, ...], bool, in
     rec = config.recovery
     k, n = int(rec.save_at_step), int(rec.total_steps)
     withhold = tuple(getattr(rec, "withhold", ()) or ())
-    sensitivity = bool(getattr(rec, "sensitivity", True))
+    sensitivity = bool(getattr(rec, "sensitivity", True))  # no config key yet: on unless the caller says
     if not 1 <= k < n:
         raise ConfigError(f"recovery.save_at_step = {k} must be at least 1 and below recovery.total_steps = {n}",
                           "set e.g. save_at_step = 4 and total_steps = 8 in [recovery]")
@@ -533,7 +537,8 @@ def config_from_dict(cls: Any, data: Mapping[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float | None = 1800) -> dict[str, Any]:
+def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float | None = 1800,
+                       sensitivity: bool | None = None) -> dict[str, Any]:
     """Run the whole stage and return the ``[trial.recovery]`` table.
 
     One fresh interpreter does the restores: first the main one (what the config asks to
@@ -543,7 +548,8 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     variants changed anything (``sensitivity_control``).
     """
     t_start = time.perf_counter()
-    k, n, withhold, sensitivity, seed = _recovery_settings(config)
+    k, n, withhold, configured, seed = _recovery_settings(config)
+    sensitivity = configured if sensitivity is None else sensitivity
     workdir = Path(workdir) / "recovery"
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = workdir / "checkpoint.pt"
