@@ -27,6 +27,11 @@ from fakes import H200, fake_pynvml_h200
 PROBE = json.loads((H200 / "probe.json").read_text())
 
 
+@pytest.fixture(autouse=True)
+def _no_user_catalog(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))  # the user's own catalog stays out
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -197,7 +202,7 @@ def test_shipped_catalog_matches_the_names_the_tools_print():
 
 
 def test_catalog_override_replaces_by_name_and_adds(tmp_path, monkeypatch):
-    monkeypatch.setattr("capture.trial.fit.USER_CATALOG", tmp_path / "none.toml")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     f = tmp_path / "mine.toml"
     f.write_text('[[accelerator]]\nname = "H200 141GB"\nmatch = "H200"\nmemory_bytes = 150754820096\n'
                  'peak_bf16_dense_flops = 989e12\nprice_per_hour = 3.5\n\n'
@@ -206,9 +211,9 @@ def test_catalog_override_replaces_by_name_and_adds(tmp_path, monkeypatch):
     assert cat.get("H200 141GB").price_per_hour == 3.5 and cat.get("H200 141GB").source == str(f)
     assert cat.get("L40S").peak_bf16_dense_flops is None and cat.get("A100 80GB SXM") is not None
     assert cat.sources[-1] == str(f)
-    user = tmp_path / "user.toml"
+    user = tmp_path / "cfg" / "capture" / "accelerators.toml"
+    user.parent.mkdir(parents=True)
     user.write_text('[[accelerator]]\nname = "A100 80GB SXM"\nmatch = "A100"\nmemory_bytes = 1\n')
-    monkeypatch.setattr("capture.trial.fit.USER_CATALOG", user)
     assert load_catalog().get("A100 80GB SXM").memory_bytes == 1
 
 

@@ -24,7 +24,13 @@ from typing import Any, Callable
 from capture.errors import ConfigError
 
 DEFAULT_HEADROOM = 0.10
-USER_CATALOG = Path("~/.config/capture/accelerators.toml")
+
+
+def user_catalog_path() -> Path:
+    """``$XDG_CONFIG_HOME/capture/accelerators.toml``, else ``~/.config/capture/accelerators.toml``."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "capture" / "accelerators.toml"
 
 
 # --------------------------------------------------------------------------- catalog
@@ -106,7 +112,7 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     shipped = (resources.files("capture") / "data" / "accelerators.toml").read_text(encoding="utf-8")
     by_name: dict[str, Card] = {c.name: c for c in _parse_catalog(shipped, "capture/data/accelerators.toml")}
     sources = ["capture/data/accelerators.toml"]
-    layers = [USER_CATALOG.expanduser()]
+    layers = [user_catalog_path()]
     if path is not None:
         p = Path(path)
         if not p.is_file():
