@@ -164,6 +164,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "put the capture command after `--`, e.g. `capture run --image REF -- trial --example tiny`")
     cache = Path(args.cache) if args.cache else _default_cache()
     key = Path(args.key) if args.key else _default_file("CAPTURE_KEY", ".config", "capture", "id_ed25519")
+    if key is None and command[0] == "trial":
+        from capture import signing
+
+        # As `capture trial` on the host would: the default key, created on first use and trusted
+        # in ~/.config/capture/allowed_signers, so what the container signs verifies here.
+        key = signing.ensure_default_key()
     signers = (Path(args.allowed_signers) if args.allowed_signers
                else _default_file("CAPTURE_ALLOWED_SIGNERS", ".config", "capture", "allowed_signers"))
     client = docker_client()

@@ -191,8 +191,8 @@ def read_lock(name: str, path: Path | None = None) -> Lock:
 # --------------------------------------------------------------------------- generating
 
 
-def _read_input(name: str, skip: Iterable[str]) -> tuple[list[str], list[str], bytes]:
-    path = input_path(name)
+def _read_input(name: str, skip: Iterable[str], path: Path | None = None) -> tuple[list[str], list[str], bytes]:
+    path = Path(path) if path else input_path(name)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -203,7 +203,10 @@ def _read_input(name: str, skip: Iterable[str]) -> tuple[list[str], list[str], b
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        req = Requirement(line)
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise UsageError(f"{path}: {exc}", "each line pins one requirement: name==version") from None
         if canonicalize_name(req.name) in skip_keys:
             skipped.append(line)
         else:
@@ -309,12 +312,12 @@ def resolve(name: str, requirements: Sequence[str], pip_args: Sequence[str] = ()
 
 
 def render(name: str, wheels: Sequence[LockedWheel], skipped: Sequence[str], input_data: bytes,
-           skip_reason: str = "not resolved where this lock was made") -> bytes:
+           skip_reason: str = "not resolved where this lock was made", input_name: str | None = None) -> bytes:
     fl = flavour(name)
     lines = [
         f"# capture image lock: {name}",
         f"# for {fl.base_python}: python {fl.python_version} ({fl.abi}), glibc {fl.glibc[0]}.{fl.glibc[1]} ({fl.platform} and older)",
-        f"# input: {name}.in sha256:{hashlib.sha256(input_data).hexdigest()}",
+        f"# input: {input_name or name + '.in'} sha256:{hashlib.sha256(input_data).hexdigest()}",
         f"# regenerate: capture image lock {name}",
     ]
     lines += [f"{_MISSING}{req} ({skip_reason})" for req in skipped]
@@ -323,11 +326,12 @@ def render(name: str, wheels: Sequence[LockedWheel], skipped: Sequence[str], inp
 
 
 def generate(name: str, pip_args: Sequence[str] = (), skip: Sequence[str] = (),
-             out: Path | None = None, skip_reason: str | None = None) -> Lock:
+             out: Path | None = None, skip_reason: str | None = None, input_file: Path | None = None) -> Lock:
     """Regenerate a flavour's lock from its pinned input and write it atomically."""
-    requirements, skipped, input_data = _read_input(name, skip)
+    requirements, skipped, input_data = _read_input(name, skip, input_file)
     wheels = resolve(name, requirements, pip_args, skipped=skipped)
-    data = render(name, wheels, skipped, input_data, skip_reason or "not resolved where this lock was made")
+    data = render(name, wheels, skipped, input_data, skip_reason or "not resolved where this lock was made",
+                  input_name=Path(input_file).name if input_file else f"{name}.in")
     path = Path(out) if out else lock_path(name)
     atomic_write(path, data)
     return parse_lock(data, path, name)

@@ -76,6 +76,27 @@ def locate(lock: locks.Lock, dest: Path) -> tuple[list[Path], list[str]]:
     return found, missing
 
 
+@dataclass(frozen=True)
+class _Output:
+    returncode: int
+    text: str
+
+
+def _relay(cmd: list[str], env: dict[str, str]) -> _Output:
+    """Run pip with its output (progress bars included) passed through to our stderr as it comes."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+    while True:
+        chunk = proc.stdout.read1(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        sys.stderr.write(chunk.decode("utf-8", "replace"))
+        sys.stderr.flush()
+    return _Output(proc.wait(), b"".join(chunks).decode("utf-8", "replace"))
+
+
 def prepare(lock_name: str, dest: Path | None = None, lock_file: Path | None = None,
             pip_args: Sequence[str] = (), python: str = sys.executable) -> Wheelhouse:
     """Download every locked wheel into ``dest`` (pip's progress on stderr); reuse what is there."""
@@ -92,12 +113,9 @@ def prepare(lock_name: str, dest: Path | None = None, lock_file: Path | None = N
                      f"for python {fl.python_version} / {fl.platform}\n")
     cmd = [python, "-m", "pip", "download", "--no-deps", "--require-hashes", "--progress-bar", "on",
            "--dest", str(dest), *fl.pip_target_args(), *pip_args, "-r", str(lock.path)]
-    # pip's stdout carries its progress; keep our stdout for results.
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
-                          env=locks.environ_without_pip_target())
-    if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
-        sys.stderr.write("\n".join(proc.stderr.splitlines()[-15:]) + "\n")
+    output = _relay([*cmd], env=locks.environ_without_pip_target())
+    if output.returncode != 0:
+        errors = [ln for ln in output.text.splitlines() if ln.startswith("ERROR")]
         reason = errors[0] if errors else "pip download failed"
         raise UsageError(f"cannot prepare the {lock_name} wheelhouse: {reason}",
                          "a wheel may live on another index (pass --extra-index-url URL / --find-links DIR); "
