@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -77,13 +78,16 @@ def test_tree_hash_follows_the_documented_algorithm(repo: Path) -> None:
     entries = b""
     for rel in sorted([b".gitignore", b"link.py", b"pkg/model.py", b"run.sh", b"train.py"]):
         full = repo / os.fsdecode(rel)
+        # the blob id from git itself, not from our code
         if full.is_symlink():
-            kind, digest = "L", hashlib.sha256(b"train.py").hexdigest()
+            kind = "L"
+            digest = subprocess.run(["git", "hash-object", "--stdin"], input=b"train.py", cwd=repo,
+                                    capture_output=True, check=True).stdout.decode().strip()
         else:
             kind = "X" if os.access(full, os.X_OK) else "F"
-            digest = hashlib.sha256(full.read_bytes()).hexdigest()
+            digest = git(repo, "hash-object", os.fsdecode(rel))
         entries += f"{kind} {digest} ".encode() + rel + b"\0"
-    expected = "sha256:" + hashlib.sha256(b"capture-tree-v1\0" + entries).hexdigest()
+    expected = "sha256:" + hashlib.sha256(b"capture-tree-v2\0" + entries).hexdigest()
     info = probe(repo)
     assert info.tree_hash == expected
     assert info.file_count == 5
@@ -215,9 +219,9 @@ def test_plain_folder(tmp_path: Path) -> None:
     assert info.source == "directory" and info.commit is None and info.file_count == 2
     assert info.size_bytes == 4
     entries = b"".join(
-        f"F {hashlib.sha256(data).hexdigest()} ".encode() + rel + b"\0"
+        f"F {hashlib.sha1(b'blob %d' % len(data) + bytes([0]) + data).hexdigest()} ".encode() + rel + b"\0"
         for rel, data in sorted([(b"a.txt", b"a\n"), (b"sub/b.bin", b"\x00\x01")]))
-    assert info.tree_hash == "sha256:" + hashlib.sha256(b"capture-tree-v1\0" + entries).hexdigest()
+    assert info.tree_hash == "sha256:" + hashlib.sha256(b"capture-tree-v2\0" + entries).hexdigest()
     table = manifest.to_toml_value(info.to_manifest())
     assert set(table) == {"path", "source", "tree_hash", "file_count", "size_bytes"}
 
@@ -237,3 +241,25 @@ def test_cwd_work_tree_is_used_by_default(repo: Path, monkeypatch: pytest.Monkey
     monkeypatch.chdir(repo / "pkg")
     info = code.probe(ProbeOptions())
     assert isinstance(info, code.CodeInfo) and info.path == str(repo)
+
+
+def test_clean_files_take_their_id_from_the_index_and_agree_with_a_full_rehash(repo: Path, tmp_path: Path) -> None:
+    """The fast path (index ids for files git confirms clean) equals hashing every byte: a copy of
+    the same files as a plain folder, hashed from disk, gives the same tree hash."""
+    info = probe(repo)
+    copy = tmp_path / "copy"
+    listing = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, listing):
+        src, dst = repo / rel, copy / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
+    assert probe(copy).tree_hash == info.tree_hash
+    # a modified tracked file and an untracked one are hashed from disk, and still agree
+    (repo / "train.py").write_text("print('edited')\n")
+    (repo / "notes.txt").write_text("new\n")
+    (copy / "train.py").write_text("print('edited')\n")
+    (copy / "notes.txt").write_text("new\n")
+    assert probe(repo).tree_hash == probe(copy).tree_hash != info.tree_hash

@@ -1,18 +1,25 @@
 """The code: git remote (credentials stripped), commit, branch, dirty state, and a hash of the
 exact working tree, computed without writing anything into the repository.
 
-Tree hash (``capture-tree-v1``), the same for git work trees and plain folders:
+Tree hash (``capture-tree-v2``), the same for git work trees and plain folders:
 
 1. The files: in a git work tree ``git ls-files -z --cached --others --exclude-standard``
    (tracked files, plus untracked files that are not ignored); in a plain folder every file
    below it. Paths are relative, as bytes, sorted bytewise, each once.
 2. One entry per path: ``KIND SP DIGEST SP PATH NUL`` where KIND is ``F`` (regular file),
-   ``X`` (executable regular file), ``L`` (symlink; DIGEST is the sha256 of the link target
-   text, the target is not followed), ``S`` (a submodule: DIGEST is its checked-out commit, or
-   the commit recorded in the index when it is not checked out), ``D`` (tracked but deleted;
-   DIGEST is ``-``) or ``O`` (anything else; ``-``). For ``F``/``X``, DIGEST is the sha256 of
-   the content in lower-case hex.
-3. ``tree_hash = "sha256:" + sha256(b"capture-tree-v1\\0" + entries)``.
+   ``X`` (executable regular file), ``L`` (symlink), ``S`` (a submodule: DIGEST is its
+   checked-out commit, or the commit recorded in the index when it is not checked out), ``D``
+   (tracked but deleted; DIGEST is ``-``) or ``O`` (anything else; ``-``). For ``F``/``X``/``L``
+   DIGEST is the git blob id of the content (``sha1("blob <size>\\0" + content)``; for a symlink
+   the content is the link target text), so a clean file's digest is the id git already holds.
+3. ``tree_hash = "sha256:" + sha256(b"capture-tree-v2\\0" + entries)``.
+
+Speed: ``git status`` (which compares stat data and re-reads racily clean files, as git itself
+does) tells which tracked files still match the index; their blob ids come from
+``git ls-files --stage`` and are not re-read. Only modified and untracked files are hashed.
+(A file under a clean/smudge filter such as git-lfs or autocrlf therefore contributes the id of
+its filtered form while clean, and of its raw bytes while modified: the hash stays exact, but
+staging such a file changes it.)
 
 Read-only by construction: only ``ls-files``, ``status`` and ``rev-parse``-like reads run, with
 ``GIT_OPTIONAL_LOCKS=0`` so ``git status`` does not refresh and rewrite ``.git/index``; nothing is
@@ -31,7 +38,7 @@ from typing import Any, Iterable
 from capture.probes import ProbeOptions, Skipped
 from capture.probes.packages import strip_url_credentials
 
-TREE_HASH_HEADER = b"capture-tree-v1\0"
+TREE_HASH_HEADER = b"capture-tree-v2\0"
 
 
 @dataclass(frozen=True)
@@ -43,14 +50,31 @@ class TreeHash:
     deleted: tuple[str, ...] = ()
 
 
-def _file_sha256(path: str) -> str:
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a blob with this content."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git's own id
+
+
+def _file_blob_id(path: str, size: int) -> str:
+    h = hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git's own id
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
-def hash_tree(root: Path, paths: Iterable[bytes], gitlinks: dict[bytes, str] | None = None) -> TreeHash:
-    """The ``capture-tree-v1`` hash of ``paths`` (relative, bytes) under ``root``."""
+_INDEX_KIND = {b"100644": "F", b"100755": "X", b"120000": "L"}
+
+
+def hash_tree(root: Path, paths: Iterable[bytes], gitlinks: dict[bytes, str] | None = None,
+              known: dict[bytes, tuple[str, str]] | None = None) -> TreeHash:
+    """The ``capture-tree-v2`` hash of ``paths`` (relative, bytes) under ``root``.
+
+    ``known``: path -> (KIND, blob id) for files whose work-tree content git has confirmed to be
+    the indexed one; they are not re-read.
+    """
     gitlinks = gitlinks or {}
+    known = known or {}
     outer = hashlib.sha256(TREE_HASH_HEADER)
     count = size = 0
     deleted: list[str] = []
@@ -63,11 +87,14 @@ def hash_tree(root: Path, paths: Iterable[bytes], gitlinks: dict[bytes, str] | N
             kind, digest = "D", "-"
             deleted.append(os.fsdecode(rel))
         else:
-            if stat.S_ISLNK(st.st_mode):
-                kind, digest = "L", hashlib.sha256(os.readlink(full)).hexdigest()
+            if rel in known and (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                kind, digest = known[rel]
+                size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            elif stat.S_ISLNK(st.st_mode):
+                kind, digest = "L", git_blob_id(os.readlink(full))
             elif stat.S_ISREG(st.st_mode):
                 kind = "X" if st.st_mode & 0o111 else "F"
-                digest = _file_sha256(os.fsdecode(full))
+                digest = _file_blob_id(os.fsdecode(full), st.st_size)
                 size += st.st_size
             elif stat.S_ISDIR(st.st_mode) and rel in gitlinks:
                 kind, digest = "S", _submodule_commit(os.fsdecode(full)) or gitlinks[rel]
@@ -123,10 +150,12 @@ class CodeInfo:
         return dict(self.__dict__)
 
 
-def _status_counts(repo: Any) -> tuple[int, int]:
+def _status(repo: Any) -> tuple[int, int, set[bytes]]:
+    """(modified count, untracked count, paths whose work-tree content may differ from the index)."""
     raw: bytes = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=none",
                                  stdout_as_string=False)
     modified = untracked = 0
+    unsure: set[bytes] = set()
     fields = raw.split(b"\0")
     i = 0
     while i < len(fields):
@@ -134,23 +163,34 @@ def _status_counts(repo: Any) -> tuple[int, int]:
         i += 1
         if len(entry) < 4:
             continue
-        if entry[:2] == b"??":
+        xy, path = entry[:2], entry[3:]
+        if xy == b"??":
             untracked += 1
-        elif entry[:2] != b"!!":
+        elif xy != b"!!":
             modified += 1
             if entry[:1] in (b"R", b"C"):
                 i += 1  # the rename/copy source follows as its own field
-    return modified, untracked
+        if xy[1:2] != b" " or b"U" in xy or xy in (b"AA", b"DD"):  # work tree differs, or a conflict
+            unsure.add(path)
+    return modified, untracked, unsure
 
 
-def _gitlinks(repo: Any) -> dict[bytes, str]:
+def _index(repo: Any) -> tuple[dict[bytes, str], dict[bytes, tuple[str, str]]]:
+    """(submodule path -> commit, file path -> (KIND, blob id)) from ``git ls-files --stage``."""
     raw: bytes = repo.git.ls_files("-z", "--stage", stdout_as_string=False)
-    out: dict[bytes, str] = {}
+    gitlinks: dict[bytes, str] = {}
+    blobs: dict[bytes, tuple[str, str]] = {}
     for entry in raw.split(b"\0"):
-        if entry.startswith(b"160000 "):
-            meta, _, path = entry.partition(b"\t")
-            out[path] = meta.split(b" ")[1].decode()
-    return out
+        meta, _, path = entry.partition(b"\t")
+        parts = meta.split(b" ")
+        if len(parts) != 3:
+            continue
+        mode, sha, stage = parts
+        if mode == b"160000":
+            gitlinks[path] = sha.decode()
+        elif stage == b"0" and mode in _INDEX_KIND:
+            blobs[path] = (_INDEX_KIND[mode], sha.decode())
+    return gitlinks, blobs
 
 
 def _remote(repo: Any) -> tuple[str | None, str | None]:
@@ -177,8 +217,10 @@ def _probe_git(repo: Any) -> CodeInfo:
     branch = None if detached else repo.head.reference.name
     remote_name, remote_url = _remote(repo)
     listing: bytes = repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard", stdout_as_string=False)
-    tree = hash_tree(root, [p for p in listing.split(b"\0") if p], _gitlinks(repo))
-    modified, untracked = _status_counts(repo)
+    modified, untracked, unsure = _status(repo)
+    gitlinks, blobs = _index(repo)
+    known = {p: v for p, v in blobs.items() if p not in unsure}
+    tree = hash_tree(root, [p for p in listing.split(b"\0") if p], gitlinks, known)
     return CodeInfo(
         path=str(root), source="git", tree_hash=tree.digest, file_count=tree.file_count,
         size_bytes=tree.size_bytes, remote_name=remote_name, remote_url=remote_url, commit=commit,

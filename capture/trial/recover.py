@@ -138,7 +138,7 @@ def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[st
         np.random.seed(other_seed % 2**32)
     else:
         s = state["rng_numpy"]
-        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
+        np.random.set_state((s["kind"], s["keys"].cpu().numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
     if "rng_torch_cpu" in withhold:
         torch.default_generator.manual_seed(other_seed)  # CPU only; torch.manual_seed would reseed CUDA too
     else:
@@ -185,7 +185,7 @@ def load_checkpoint(path: Path, device: Any) -> dict[str, Any]:
     import torch
 
     # weights_only: the file holds only tensors and plain containers (see capture_state).
-    return torch.load(path, map_location=device, weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)  # RNG states must stay CPU tensors; load_state_dict moves the rest
 
 
 # --------------------------------------------------------------------------- comparing
