@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,17 @@ def test_probe_matches_the_real_gcc():
 def test_probe_with_empty_path(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PATH", "")
     assert probe(ProbeOptions()).to_manifest() == {}
+
+
+def test_nvcc_version_json_is_read_without_starting_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # the layout of a CUDA toolkit: bin/nvcc and version.json beside bin/ (as in /usr/local/cuda)
+    (tmp_path / "bin").mkdir()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 99.9, V99.9.99'\n")
+    nvcc.chmod(0o755)
+    (tmp_path / "version.json").write_text('{"cuda": {"name": "CUDA SDK", "version": "13.0.2"},'
+                                           ' "cuda_nvcc": {"name": "CUDA NVCC", "version": "13.0.88"}}')
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert probe(ProbeOptions()).to_manifest()["nvcc"]["version"] == "13.0.88"
+    (tmp_path / "version.json").unlink()  # no file: falls back to running nvcc
+    assert probe(ProbeOptions()).to_manifest()["nvcc"]["version"] == "99.9.99"
