@@ -1,0 +1,260 @@
+"""`capture trial` end to end, in-process through capture._cli.main, on the real CPU: real
+transformers models, real peft, a real signing key, real out-of-memory under RLIMIT_AS."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from capture import manifest as mf
+from capture import signing
+from capture._cli import main
+from capture.errors import EXIT_USAGE
+from capture.trial.config import load_example
+
+SMALL = """
+[trial]
+name = "small"
+seed = 5
+warmup_steps = 1
+measured_steps = 3
+[trial.model]
+source = "from_config"
+architecture = "gpt2"
+[trial.model.config]
+vocab_size = 257
+n_positions = 64
+n_embd = 64
+n_layer = 2
+n_head = 2
+resid_pdrop = 0.1
+bos_token_id = 256
+eos_token_id = 256
+[trial.batch]
+max_seq_len = 64
+micro_batch_size = 4
+[trial.validation]
+every_steps = 10
+batches = 2
+[trial.checkpoint]
+every_steps = 20
+"""
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    """A fresh config folder: the default signing key is created there on first use."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.delenv("CAPTURE_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def _verified(path: Path, tmp_path: Path) -> dict:
+    """Signature first (by the key capture created and trusted), then parse."""
+    raw = path.read_bytes()
+    allowed = signing.AllowedSigners.load(tmp_path / "cfg" / "capture" / "allowed_signers")
+    _info, body = signing.verify_signed_bytes(raw, allowed, str(path))
+    return mf.parse_body(body, str(path))
+
+
+def _small(tmp_path: Path, text: str = SMALL) -> Path:
+    p = tmp_path / "small.toml"
+    p.write_text(text)
+    return p
+
+
+def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
+    out = tmp_path / "tiny.toml"
+    assert main(["trial", "--example", "tiny", "-o", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert stdout.rstrip().endswith(str(out)) and "memory estimate before running" in stderr
+    m = _verified(out, tmp_path)
+    assert m["kind"] == "trial"
+    keys = list(m)
+    assert keys.index("host") < keys.index("trial")  # the stack first, results after it
+    t = m["trial"]
+    assert t["config_source"] == "example:tiny" and t["config_toml"] == load_example("tiny").source_text
+
+    run = t["run"]
+    assert run["method"] == "full" and run["device"] == "cpu" and run["params_total"] == run["params_trainable"] > 100_000
+    assert run["model"]["architecture"] == "gpt2" and run["optimizer"]["name"] == "adamw"
+    assert (run["max_seq_len"], run["micro_batch_size"], run["grad_accum"]) == (128, 8, 1)
+    assert run["precision"]["dtype"] == "fp32" and run["data"]["tokenizer"].startswith("bytes")
+    assert run["validation_schedule"] == {"every_steps": 50, "batches": 4}
+
+    mem = t["memory"]
+    est = mem["estimate"]
+    for term in ("weights", "gradients", "optimizer_state", "activations", "logits", "framework_overhead"):
+        assert est[term]["bytes"] >= 0 and "formula" in est[term] and "inputs" in est[term]
+    assert est["weights"]["bytes"] == run["params_total"] * 4
+    assert est["total_bytes"] == sum(v["bytes"] for v in est.values() if isinstance(v, dict))
+    meas = mem["measured"]
+    assert meas["device_used_bytes"] > est["weights"]["bytes"] and "VmHWM" in meas["device_used_source"]
+    assert -0.9 < mem["estimate_error"] < 2.0
+
+    n = run["measured_steps"]
+    steps = t["steps"]
+    assert len(steps["step_time_s"]) == len(steps["data_wait_s"]) == len(steps["loss"]) == n
+    assert len(steps["warmup_step_time_s"]) == run["warmup_steps"] and steps["clock"] == "perf_counter"
+    assert all(w <= s for w, s in zip(steps["data_wait_s"], steps["step_time_s"]))
+    assert steps["loss"][-1] < 5.6  # below ln(257): the model learned something from the corpus
+    s = t["stats"]
+    assert s["step_time_median_s"] > 0 and s["step_time_p90_s"] <= s["step_time_p99_s"] <= s["step_time_max_s"]
+    assert 0 <= s["stall_share"] < 1 and s["tokens_per_s"] > 0 and "mfu" not in s and "mfu_note" in s
+
+    v = t["validation"]
+    assert v["duration_s"] > 0 and v["batches"] == 4 and v["loss"] > 0
+    c = t["checkpoint"]
+    assert c["fsync"] is True and c["size_bytes"] > run["params_total"] * 4 and c["bytes_per_s"] > 0
+    assert not list(tmp_path.glob(".capture-trial-*"))  # scratch removed
+
+    f = t["fit"]
+    assert f["fits"] is True and f["headroom"] == 0.1 and {c["name"] for c in f["cards"]} >= {"H200 141GB", "MI300X 192GB"}
+    assert "recovery" in t and isinstance(t["recovery"], dict)
+
+    cost = t["cost"]
+    assert cost["trained_tokens"] == (run["warmup_steps"] + n) * run["tokens_per_step"]
+    for phase in ("import_framework_s", "fingerprint_s", "load_s", "estimate_s", "steps_s", "validation_s",
+                  "checkpoint_s"):
+        assert cost["phases"][phase] >= 0
+    assert cost["wall_total_s"] >= sum(cost["phases"].values()) - 1e-6
+    assert "price_note" in cost
+
+    rep = t["report"]
+    html = out.with_suffix(".html")
+    assert rep["html"] == html.name and rep["html_sha256"] == hashlib.sha256(html.read_bytes()).hexdigest()
+
+
+def test_lora_switch_records_measured_trainable_parameters(tmp_path):
+    out = tmp_path / "lora.toml"
+    assert main(["trial", str(_small(tmp_path)), "--method", "lora", "--steps", "2", "--warmup", "1",
+                 "--no-recovery", "--no-report", "-o", str(out)]) == 0
+    t = _verified(out, tmp_path)["trial"]
+    run = t["run"]
+    assert run["method"] == "lora" and 0 < run["params_trainable"] < run["params_total"]
+    assert run["lora"]["target_modules"] == ["c_attn"]  # peft's default for GPT-2, resolved
+    assert t["overrides"] == {"method": "lora", "measured_steps": 2, "warmup_steps": 1}
+    assert t["config_toml"] == SMALL and t["config_source"] == str(tmp_path / "small.toml")
+    assert t["memory"]["estimate"]["gradients"]["bytes"] == run["params_trainable"] * 4
+    assert len(t["steps"]["step_time_s"]) == 2
+    assert t["recovery"] == {"skipped": "--no-recovery"} and t["report"] == {"skipped": "--no-report"}
+    assert not out.with_suffix(".html").exists()
+
+
+def test_catalog_override_gives_mfu_and_price_on_the_tested_device_only(tmp_path):
+    cat = tmp_path / "cat.toml"
+    cat.write_text('[[accelerator]]\nname = "this CPU"\nmatch = "^CPU"\nmemory_bytes = 8589934592\n'
+                   'peak_bf16_dense_flops = 1e12\nprice_per_hour = 2.0\n')
+    cfg = _small(tmp_path, SMALL + '[trial.precision]\ndtype = "bf16"\nautocast = true\n')
+    out = tmp_path / "bf16.toml"
+    assert main(["trial", str(cfg), "--catalog", str(cat), "--no-recovery", "--no-report", "--target-tokens", "1000000",
+                 "-o", str(out)]) == 0
+    t = _verified(out, tmp_path)["trial"]
+    s = t["stats"]
+    assert s["peak_flops"] == 1e12 and str(cat) in s["peak_flops_source"] and "bf16" in s["peak_flops_source"]
+    assert s["mfu"] == pytest.approx(s["tokens_per_s"] * 6 * t["run"]["params_total"] / 1e12)
+    est = t["memory"]["estimate"]
+    assert est["autocast_weight_copies"]["bytes"] == t["run"]["params_total"] * 2
+    cost = t["cost"]
+    assert cost["price_per_hour"] == 2.0 and "this CPU" in cost["price_source"]
+    assert cost["trial_cost"] == pytest.approx(cost["wall_total_s"] / 3600 * 2.0)
+    assert cost["cost_per_million_trained_tokens"] == pytest.approx(cost["trial_cost"] / (cost["trained_tokens"] / 1e6))
+    proj = cost["projection"]
+    assert proj["optimizer_steps"] == -(-1_000_000 // 256) and proj["cost"] == pytest.approx(proj["total_s"] / 3600 * 2.0)
+    cards = {c["name"]: c for c in t["fit"]["cards"]}
+    assert cards["this CPU"]["tested"] and not cards["H200 141GB"]["tested"]
+    assert all(set(c) <= {"name", "memory_bytes", "usable_bytes", "fits", "margin_bytes", "headroom_bytes",
+                          "headroom_fraction", "tested", "basis"} for c in cards.values())
+
+
+def test_find_max_batch_against_a_memory_limit_on_cpu(tmp_path):
+    from capture.trial.devmem import rss_bytes
+
+    cfg = _small(tmp_path, SMALL.replace("n_layer = 2", "n_layer = 1"))
+    limit = int(((rss_bytes() or 0) + (120 << 20)) / 0.9)  # ~120 MiB above this process's resident set
+    out = tmp_path / "max.toml"
+    assert main(["trial", str(cfg), "--find-max-batch", "--memory-limit", str(limit), "--max-batch", "512",
+                 "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report", "-o", str(out)]) == 0
+    f = _verified(out, tmp_path)["trial"]["fit"]
+    search = f["search"]
+    assert search["limit_bytes"] == limit and search["limit_source"] == "--memory-limit" and search["headroom"] == 0.1
+    cands = {c["micro_batch"]: c for c in search["candidates"]}
+    best = search["max_micro_batch"]
+    assert cands[best]["fits"] and cands[best]["device_used_bytes"] <= search["usable_bytes"]
+    assert best < 512, "a 120 MiB budget cannot hold 512 sequences of 64 tokens"
+    assert not cands[best + 1]["fits"] and "usable" in cands[best + 1]["reason"]  # bisection closed the gap
+    assert [c["micro_batch"] for c in search["candidates"]][:2] == [1, 2]
+    assert all(c["fits"] == (c["micro_batch"] <= best) for c in search["candidates"] if c["fits"])
+
+
+OOM_SCRIPT = textwrap.dedent("""
+    import re, resource, sys
+    import torch, transformers, peft  # the big libraries map their code before the limit
+    from transformers import GPT2LMHeadModel  # noqa: F401
+    from capture._cli import main
+    status = open("/proc/self/status").read()
+    vm = int(re.search(r"VmSize:\\s+(\\d+)", status).group(1)) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (1200 << 20), resource.RLIM_INFINITY))
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_out_of_memory_is_reported_as_does_not_fit(tmp_path):
+    """A real allocation failure: the address space capped ~1.2 GiB above the start, a micro-batch
+    of 2048 sequences; the trial must finish, signed, and say "does not fit", not crash."""
+    out = tmp_path / "oom.toml"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-c", OOM_SCRIPT, "trial", str(_small(tmp_path)), "--micro-batch", "2048",
+                           "--steps", "1", "--warmup", "0", "--no-report", "-o", str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "does not fit" in proc.stderr
+    t = _verified(out, tmp_path)["trial"]
+    f = t["fit"]
+    assert f["fits"] is False and f["verdict"].startswith("does not fit: out of memory at training step 1")
+    assert re.search(r"can't allocate memory|MemoryError|out of memory", f["oom"])
+    assert t["stats"] == {"skipped": "the run did not fit (training step 1 of 1)"}
+    assert t["recovery"] == {"skipped": "the training step did not fit"}
+    assert t["validation"] == {"skipped": "the training step did not fit"}
+    assert t["memory"]["estimate"]["activations"]["inputs"]["micro_batch"] == 2048
+    assert t["cost"]["trained_tokens"] == 0 and t["cost"]["completed_optimizer_steps"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give a config file or --example NAME"),
+    (["x.toml", "--example", "tiny"], "give a config file or --example NAME"),
+    (["--example", "tiny", "--headroom", "1.5"], r"--headroom: must be in \[0, 1\), got 1.5"),
+    (["--example", "tiny", "--memory-limit", "lots"], "--memory-limit: 'lots' is not a size"),
+    (["--example", "tiny", "--price-per-hour", "-1"], "--price-per-hour: must be > 0"),
+    (["--example", "tiny", "--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--example", "huge"], "--example: no example named 'huge'"),
+    (["missing.toml"], "missing.toml: no such file"),
+    (["--example", "tiny", "-o", "no/such/folder/m.toml"], "-o: folder no/such/folder does not exist"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    assert main(["trial", *args]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err and err.startswith("error: ")
+
+
+def test_broken_config_file_names_the_key_and_writes_nothing(tmp_path, capsys):
+    cfg = _small(tmp_path, SMALL + "[trial.optimizer]\nlr = -1\n")
+    assert main(["trial", str(cfg), "-o", str(tmp_path / "m.toml")]) == EXIT_USAGE
+    assert "error: trial.optimizer.lr: must be > 0, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "m.toml").exists() and not list(tmp_path.glob(".capture-trial-*"))
+
+
+def test_list_examples_and_default_output_name(tmp_path, capsys):
+    assert main(["trial", "--list-examples"]) == 0
+    assert capsys.readouterr().out.split() == ["llama-1b", "tiny"]
+    assert main(["trial", str(_small(tmp_path)), "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report"]) == 0
+    printed = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert re.fullmatch(r"trial-small-\d{8}T\d{6}Z\.toml", printed.name) and printed.parent == tmp_path
+    assert _verified(printed, tmp_path)["trial"]["run"]["name"] == "small"
