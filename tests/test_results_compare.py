@@ -10,7 +10,7 @@ from capture import manifest as mf
 from capture._cli import main
 from capture.results.compare import compare_files
 from capture.results.show import load as show_load
-from test_results_helpers import h200_manifest, keys, make_results_repo  # noqa: F401
+from test_results_helpers import h200_manifest, keys  # noqa: F401
 
 
 @pytest.fixture

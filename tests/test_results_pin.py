@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from capture._cli import main
-from capture.errors import SignatureError, TrustError, UsageError
+from capture.errors import TrustError, UsageError
 from capture.results.pin import pin, pin_path
-from test_results_helpers import Signer, git, h200_manifest, keys, make_results_repo  # noqa: F401
+from test_results_helpers import git, h200_manifest, keys, make_results_repo  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -287,7 +287,7 @@ def render(c: Comparison) -> str:
         lines.append("Stack: same (no difference in accelerator, driver, CUDA/ROCm, framework, packages, code, "
                      "models, datasets, image, host, run definition)")
     else:
-        lines.append(f"Stack: what changed from A to B")
+        lines.append("Stack: what changed from A to B")
         rows = [[ch.group, ch.field, _value(ch.a), "->", _value(ch.b)] for ch in c.stack]
         if rows:
             lines.extend(_table(rows))

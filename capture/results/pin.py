@@ -44,7 +44,7 @@ from capture.errors import CaptureError, ManifestError, TrustError, UsageError
 from capture.manifest import parse_body, read_bytes
 from capture.results import index as _index
 from capture.results._sig import load_allowed
-from capture.results.summary import RunSummary, fmt_number, summarize
+from capture.results.summary import RunSummary, accelerator_slug, content_id, fmt_number, summarize
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,6 @@ def created_date(data: dict, source: str) -> str:
 
 def pin_path(data: dict, raw: bytes, source: str = "manifest") -> str:
     """``<accelerator-slug>/<YYYY-MM-DD>/<content id>.toml``, relative to the results root."""
-    from capture.results.summary import accelerator_slug, content_id
     return f"{accelerator_slug(data)}/{created_date(data, source)}/{content_id(raw)}.toml"
 
 

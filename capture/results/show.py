@@ -51,7 +51,6 @@ def _join(*parts: Any, sep: str = ", ") -> str | None:
 
 def render(shown: Shown) -> str:
     s, d = shown.summary, shown.data
-    f = s.figures
     acc = s.accelerator
     if s.memory_per_device_bytes:
         acc += f" ({human_bytes(s.memory_per_device_bytes)} each)"

@@ -101,10 +101,6 @@ class Figures:
     """Whole trial cost / million trained tokens, in the currency of the price the user gave."""
     recovery_verdict: str | None = None
 
-    @property
-    def any(self) -> bool:
-        return any(v is not None for v in dataclasses.asdict(self).values())
-
 
 # Where each figure lives in [trial] (docs/architecture.md and capture/trial/runner.py). The
 # first path present wins; device-wide memory beats the allocator's view because the allocator
