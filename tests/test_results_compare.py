@@ -128,3 +128,13 @@ def test_show_json_and_fingerprint(tmp_path, keys, capsys):
     assert doc["signature"]["state"] in ("untrusted", "trusted")
     shown = show_load(str(tmp_path / "fp.toml"))
     assert shown.summary.accelerator_slug == "nvidia-h200-x1"
+
+
+def test_model_built_from_config_is_named_by_type(tmp_path, keys):
+    """As `capture trial --example tiny` records it: no [[models]], a [trial.run.model] without a repo."""
+    m = h200_manifest()
+    del m["models"]
+    m["trial"]["run"]["model"] = {"architecture": "gpt2", "model_type": "gpt2", "source": "from_config",
+                                  "weights": "none (random init from config, seeded)"}
+    keys["alice"].write(tmp_path / "tiny.toml", m)
+    assert show_load(str(tmp_path / "tiny.toml")).summary.models == ("gpt2 (from_config)",)

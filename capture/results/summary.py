@@ -57,7 +57,10 @@ def artifact_refs(data: Mapping[str, Any], section: str) -> tuple[str, ...]:
     for item in items:
         if not isinstance(item, Mapping) or "skipped" in item and len(item) == 1:
             continue
-        name = item.get("repo_id") or item.get("spec") or item.get("path") or "?"
+        name = item.get("repo_id") or item.get("spec") or item.get("path")
+        if not name:  # a trial model built from a config has no repository: say what it is
+            kind = item.get("model_type") or item.get("architecture") or "model"
+            name = f"{kind} ({item['source']})" if item.get("source") else str(kind)
         rev = item.get("commit") or item.get("revision")
         if isinstance(rev, str) and re.fullmatch(r"[0-9a-f]{40}", rev):
             rev = rev[:12]
