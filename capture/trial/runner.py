@@ -347,6 +347,10 @@ def _run_table(config: TrialConfig, device: Any, name: str, wl: Any) -> dict[str
         run["model"] = {"source": config.model.source}
         run["precision"] = {"dtype": config.precision.dtype, "autocast": config.precision.autocast}
         return run
+    if device.type != "cuda":
+        import torch
+
+        run["cpu_threads"] = torch.get_num_threads()
     run["params_total"] = wl.params_total
     run["params_trainable"] = wl.params_trainable
     run["trainable_share"] = wl.params_trainable / wl.params_total if wl.params_total else 0.0
