@@ -127,7 +127,9 @@ def test_reading_ties_within_noise():
     line = scaling.reading(_table(1800, 1790, 5 * GIB, 5 * GIB + 1))
     assert line.startswith("DDP and FSDP are about equal here")
     line = scaling.reading(_table(1800, 1000, 5 * GIB, 5 * GIB))
-    assert line.startswith("choose DDP for throughput") and "memory per rank is about equal" in line
+    assert line.startswith("choose DDP for throughput and for both") and "FSDP saves no memory at this size" in line
+    line = scaling.reading(_table(1800, 1790, 9 * GIB, 5 * GIB))
+    assert line.startswith("choose FSDP for memory and for both") and "DDP is no faster" in line
 
 
 def test_reading_low_efficiency_and_single_strategy():

@@ -256,6 +256,7 @@ def _global_sum(value: int, device: Any) -> int:
 def measure_baseline(config: Any, device: Any, mem: Any, job: dict[str, Any]) -> dict[str, Any]:
     """Single device, no process group involved: the baseline's own micro-batch and grad_accum."""
     built = build("baseline", config, BatchPlan.from_manifest(job["plan"]), device, 0, 1)
+    _say(0, "baseline: built")
     _release(device)
     mem.reset_peaks()
     for _ in range(config.warmup_steps):
@@ -279,19 +280,23 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
     import torch.distributed as dist
 
     built = build(strategy, config, plan, device, rank, world)
+    _say(rank, f"{strategy}: built")
     _release(device)
     mem.reset_peaks()
     for _ in range(config.warmup_steps):
         built.workload.train_step_async(built.feed)
     _sync(device)
     dist.barrier(group=coord)
+    _say(rank, f"{strategy}: warmed up")
     built.feed.tokens = 0
     times, losses = _timed_steps(built, config.measured_steps, device)
+    _say(rank, f"{strategy}: measured")
     tokens = built.feed.tokens
     row: dict[str, Any] = {"rank": rank, "tokens_measured": tokens}
     row.update(step_stats(times))
     row.update(_memory(mem.read(), device))
     row.update(_profile(built, int(job["profile_steps"]), device))
+    _say(rank, f"{strategy}: profiled")
     global_losses = _global_mean(losses, world)
     global_tokens = _global_sum(tokens, device)
     rows = _gather(row, rank, world, coord)
@@ -485,6 +490,14 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
         config.batch, micro_batch_size=plan.per_rank_micro_batch, grad_accum=plan.per_rank_grad_accum))
     result: dict[str, Any] = {}
     if job["phase"] == "measure":
+        # Every rank pays its first-build costs (lazy imports, data) now and in parallel, not after
+        # rank 0's baseline while rank 0 waits for it in DDP's first broadcast.
+        from capture.trial.workload import build_workload
+
+        build_workload(per_rank, device)
+        _release(device)
+        dist.barrier(group=coord)
+        _say(rank, "every rank built the workload once")
         binding = _gather(binding_row(rank, local_rank, device), rank, world, coord)
         if rank == 0:
             result.update(binding=binding, topology=local_topology(device), collective=collective_loaded(job["backend"]),
@@ -539,4 +552,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Results are written and fsynced: skip the interpreter's teardown of torch and transformers,
+    # which takes seconds per rank and delays the launcher's exit.
+    os._exit(status)

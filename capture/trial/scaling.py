@@ -48,7 +48,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 
 # A profiler event is a collective when its name holds one of these (case-insensitive).
 COLLECTIVE_MARKERS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter", "nccl", "gloo", "c10d")
-PROFILED_STEPS = 3
+PROFILED_STEPS = 2
 NO_COLLECTIVE = "the profiler recorded no collective op in the profiled steps"
 EFFICIENCY_DEFINITION = ("throughput_N / (N x throughput_1); throughput_1 is the single-device baseline measured "
                          "in the same launch, on the same machine, at the same global batch")
@@ -220,9 +220,11 @@ def reading(table: Mapping[str, Any]) -> str:
         line = (f"choose {name[thr]} for throughput ({thr_txt}), {name[mem]} for memory ({mem_txt}); "
                 f"for both, {name[mem]} only if the model does not fit under {name[thr]}")
     elif thr:
-        line = f"choose {name[thr]} for throughput ({thr_txt}); memory per rank is about equal ({mem_txt})"
+        line = (f"choose {name[thr]} for throughput and for both ({thr_txt}); {name[-thr]} saves no memory "
+                f"at this size ({mem_txt}, DDP vs FSDP)")
     elif mem:
-        line = f"choose {name[mem]} for memory ({mem_txt}); throughput is about equal ({thr_txt})"
+        line = (f"choose {name[mem]} for memory and for both ({mem_txt}, DDP vs FSDP); {name[-mem]} is no faster "
+                f"({thr_txt})")
     else:
         line = f"DDP and FSDP are about equal here in throughput ({thr_txt}) and memory ({mem_txt}); either fits"
     effs = [table[s].get("efficiency") for s in done if isinstance(table[s].get("efficiency"), (int, float))]
