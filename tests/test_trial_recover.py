@@ -137,6 +137,9 @@ def test_withheld_rng_diverges_and_the_report_flags_it(tmp_path):
     assert table["loss_diff"] == table["losses_resumed"][0] - table["losses_uninterrupted"][2] != 0
     assert table["param_hash_resumed"] != table["param_hash_uninterrupted"]
     assert table["max_abs_param_diff"] > 0
+    # the worker restored the checkpoint a second time: same perturbation, same result, so the
+    # divergence is the withheld state, not a nondeterministic step
+    assert table["restore_repeat"] == "identical"
     assert "sensitivity" not in table
 
     m = {"schema_version": 1, "kind": "trial", "trial": {"recovery": table}}
@@ -147,7 +150,10 @@ def test_withheld_rng_diverges_and_the_report_flags_it(tmp_path):
 
 def test_a_failing_worker_is_a_recorded_result_not_a_crash(tmp_path):
     """A checkpoint that cannot be read in the fresh process: the worker says why, one line."""
-    cfg = _config(tmp_path)
+    # A local model keeps the worker from pre-importing transformers: the failure comes sooner.
+    cfg = parse(CONFIG.replace('source = "from_config"\narchitecture = "gpt2"', 'source = "local"\npath = "no-model"')
+                .split("[trial.model.config]")[0] + "[trial.optimizer]" + CONFIG.split("[trial.optimizer]")[1],
+                "local.toml", tmp_path, "local")
     setup = {"config": recover.config_to_dict(cfg), "device": "cpu", "seed": cfg.seed,
              "settings": dataclasses.asdict(recover.GlobalSettings.current())}
     worker = recover.Worker("restore", setup, tmp_path)

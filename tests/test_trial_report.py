@@ -132,6 +132,19 @@ def test_withheld_component_and_divergence_are_flagged():
     assert 'class="status bad"' in html_text and "rng_cuda → diverged at step 3" in html_text
 
 
+def test_a_nondeterministic_step_is_told_apart_from_missing_state():
+    """As on the H200 with llama-1b: a full restore diverged, and a second restore differed too."""
+    m = _manifest()
+    m["trial"]["recovery"].update(verdict="diverged at step 4", diverged_at_step=4, loss_diff=-0.000104,
+                                  restore_repeat="differs from the first restore at step 4",
+                                  deterministic_algorithms=False)
+    text = report.render_terminal(m, colour=False)
+    assert re.search(r"second restore +differs from the first restore at step 4: the training step is not "
+                     r"deterministic on this stack \(torch deterministic algorithms were off\)", text)
+    m["trial"]["recovery"]["restore_repeat"] = "identical"
+    assert "identical to the first: the checkpoint lacks state" in report.render_terminal(m, colour=False)
+
+
 def test_colour_only_when_asked_or_tty(capsys):
     m = _manifest()
     assert "\x1b[32m" in report.render_terminal(m, colour=True)  # bit-exact in green

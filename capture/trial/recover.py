@@ -605,7 +605,10 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
 
 
 def _main_table(ref: Reference, withhold: tuple[str, ...], k: int, n: int) -> dict[str, Any]:
+    import torch
+
     table: dict[str, Any] = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "save_at_step": k,
         "total_steps": n,
         "fresh_process": True,
@@ -636,6 +639,12 @@ def _main_result(ref: Reference, main: Mapping[str, Any], k: int, dump_path: Pat
     }
     if step is not None:
         out["diverged_at_step"] = step
+    repeat = main.get("repeat")
+    if isinstance(repeat, Mapping):
+        r_step, _, r_equal = compare_run(main["losses"], (main["param_hash"], main["optimizer_hash"]), repeat["losses"],
+                                         (repeat["param_hash"], repeat["optimizer_hash"]), k)
+        out["restore_repeat"] = "identical" if r_step is None else verdict_text(r_step, r_equal).replace(
+            "diverged", "differs from the first restore")
     if main.get("params_dumped"):
         import torch
 

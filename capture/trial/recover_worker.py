@@ -53,16 +53,18 @@ def _run_variant(job: dict[str, Any], variant: dict[str, Any], config: Any, devi
     from capture.trial import recover
     from capture.trial.workload import build_workload
 
-    workload = build_workload(config, device)
     t0 = time.perf_counter()
     # Read from disk per variant: optimizer.load_state_dict may keep the loaded tensors, which
     # the next steps then update in place, so a cached copy would not be the checkpoint.
     state = recover.load_checkpoint(Path(job["checkpoint"]), device)
     if int(state["step"]) != k:
         raise RuntimeError(f"checkpoint is from step {state['step']}, expected {k}")
+    load_s = time.perf_counter() - t0
+    workload = build_workload(config, device)  # seeds everything from config.seed
+    t0 = time.perf_counter()
     recover.restore_state(workload, state, variant["withhold"], seed)
     recover._sync(device)
-    load_s = time.perf_counter() - t0
+    load_s += time.perf_counter() - t0
     del state
     stop_ref = job.get("reference_losses") if variant.get("stop_at_divergence") else None
     losses = recover.train_steps(workload, n - k, stop_ref)
@@ -91,7 +93,13 @@ def run_job(setup: dict[str, Any], job: dict[str, Any], config: Any) -> dict[str
     results: list[dict[str, Any]] = []
     for i, variant in enumerate(job["variants"]):
         try:
-            results.append(_run_variant(job, variant, config, device, k, n, setup["seed"]))
+            result = _run_variant(job, variant, config, device, k, n, setup["seed"])
+            if variant.get("full") and result["param_hash"] != job.get("reference_param_hash"):
+                # Restore the same checkpoint once more: if the two restores differ from each
+                # other, the step itself is not deterministic, whatever the checkpoint holds.
+                again = _run_variant(job, dict(variant, full=False), config, device, k, n, setup["seed"])
+                result["repeat"] = {key: again[key] for key in ("losses", "param_hash", "optimizer_hash")}
+            results.append(result)
         except Exception as exc:
             if i == 0:  # the main restore: the whole stage failed
                 raise

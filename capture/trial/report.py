@@ -504,6 +504,14 @@ def _recovery_section(m: Mapping[str, Any]) -> Section:
         sec.rows.append(("WITHHELD on purpose", f"{', '.join(map(str, withheld))} → {outcome}"))
     if _is_num(rec.get("loss_diff")) and rec.get("diverged_at_step") is not None:
         sec.rows.append(("loss diff at divergence", f"{rec['loss_diff']:+.6g} (resumed − uninterrupted)"))
+    repeat = rec.get("restore_repeat")
+    if isinstance(repeat, str):
+        if repeat == "identical":
+            why = "" if withheld else ": the checkpoint lacks state, or the fresh process computes differently"
+            sec.rows.append(("second restore", f"identical to the first{why}"))
+        else:
+            off = " (torch deterministic algorithms were off)" if rec.get("deterministic_algorithms") is False else ""
+            sec.rows.append(("second restore", f"{repeat}: the training step is not deterministic on this stack{off}"))
     if _is_num(rec.get("max_abs_param_diff")):
         sec.rows.append(("max |param diff| at end", f"{rec['max_abs_param_diff']:.3g}"))
     same = rec.get("param_hash_resumed") is not None and rec.get("param_hash_resumed") == rec.get("param_hash_uninterrupted")
