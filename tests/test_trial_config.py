@@ -110,6 +110,7 @@ def test_broken_config_names_the_key(extra, message):
     ("name = \"x\"\n", r"name: unknown top-level key; every key lives under \[trial\]"),
     ("[trial\n", r"t\.toml: not valid TOML"),
     ("", r"t\.toml: no \[trial\] table"),
+    ('[trial]\nname = """\n[signature]\n"""\n', r"t\.toml: a line reads \[signature\]"),
 ])
 def test_broken_top_level_and_model(text, message):
     with pytest.raises(ConfigError, match=message):

@@ -324,6 +324,8 @@ class _Table:
 def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
     """Check and resolve a config text. Raises :class:`ConfigError` naming the key to fix."""
     hint = f"fix it in {source}; docs/trial.md lists every key"
+    if any(line.strip() == "[signature]" for line in text.splitlines()):
+        raise ConfigError(f"{source}: a line reads [signature]", "that line is reserved for the manifest's signature; remove it")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
