@@ -16,7 +16,7 @@
 CAPTURE     ?= $(if $(BIN),$(BIN)/capture,capture)
 IMAGE_OUT   ?= out
 GPUS        ?= all
-TRIAL_ARGS  ?= trial --example tiny -o /out/trial.toml
+TRIAL_ARGS  ?= trial --example tiny --code /work -o /out/trial.toml
 WHEEL_FLAGS ?=
 BUILD_FLAGS ?=
 CACHE       ?=

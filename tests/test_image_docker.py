@@ -176,7 +176,9 @@ def test_trial_in_the_image_verifies_there_and_drifts_on_the_host(client, cpu_im
     signers.write_text(f'ci@capture namespaces="capture-manifest" {pub}\n')
     out = tmp_path / "out"
     flags = ["run", "--image", TAG, "--out", str(out), "--key", str(key), "--allowed-signers", str(signers)]
-    assert main([*flags, "--", "trial", "--example", "tiny", "-o", "/out/trial.toml"]) == 0
+    # --code /work: the image's empty working folder, hashed at trial time and again by verify.
+    # (Without it the trial records [code] as skipped, and verify hashes the plain folder anyway.)
+    assert main([*flags, "--", "trial", "--example", "tiny", "--code", "/work", "-o", "/out/trial.toml"]) == 0
     manifest = tomllib.loads((out / "trial.toml").read_text())
     assert manifest["container"]["image_id"] == cpu_image.image_id
     capsys.readouterr()

@@ -30,7 +30,7 @@ def test_runs_by_id_with_networking_off_and_identity_passed_in(tmp_path):
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HUB_CACHE"] == "/hf-cache"
     assert kw["volumes"] == {str(tmp_path / "out"): {"bind": "/out", "mode": "rw"},
                              str(tmp_path / "hub"): {"bind": "/hf-cache", "mode": "ro"}}
-    assert kw["working_dir"] == "/out" and kw["command"] == ["trial", "--example", "tiny"]
+    assert "working_dir" not in kw and kw["command"] == ["trial", "--example", "tiny"]
     assert "device_requests" not in kw and "devices" not in kw
 
 

@@ -84,6 +84,9 @@ class RunSpec:
             vols[str(self.cache_dir)] = {"bind": CACHE_MOUNT, "mode": "ro"}
         if self.key_file is not None:
             vols[str(self.key_file)] = {"bind": KEY_MOUNT, "mode": "ro"}
+            pub = Path(f"{self.key_file}.pub")
+            if pub.is_file():  # the principal defaults to the public key's comment
+                vols[str(pub)] = {"bind": KEY_MOUNT + ".pub", "mode": "ro"}
         if self.allowed_signers is not None:
             vols[str(self.allowed_signers)] = {"bind": SIGNERS_MOUNT, "mode": "ro"}
         return vols
@@ -114,7 +117,6 @@ class RunSpec:
             "command": list(self.command),
             "environment": self.environment(),
             "volumes": self.volumes(),
-            "working_dir": OUT_MOUNT,
             "network_mode": "none",
             "user": self.user,
             "detach": True,
