@@ -252,7 +252,7 @@ def _needed(items: list[dict], top: Sequence[str], fl: Flavour) -> set[str]:
     """Names reachable from ``top`` through the resolved packages' dependencies (for the image)."""
     meta = {canonicalize_name(i["metadata"]["name"]): i["metadata"] for i in items}
     env = _marker_env(fl)
-    seen: set[str] = set()
+    seen: set[tuple[str, tuple[str, ...]]] = set()
     stack = [(Requirement(r), ("",)) for r in top]
     while stack:
         req, extras = stack.pop()
@@ -264,10 +264,10 @@ def _needed(items: list[dict], top: Sequence[str], fl: Flavour) -> set[str]:
         wanted = ("",) + tuple(sorted(req.extras))
         if (key, wanted) in seen:
             continue
-        seen.add((key, wanted))  # type: ignore[arg-type]
+        seen.add((key, wanted))
         for dep in meta[key].get("requires_dist", []) or []:
             stack.append((Requirement(dep), wanted))
-    return {k for k, _ in seen}  # type: ignore[misc]
+    return {k for k, _ in seen}
 
 
 def resolve(name: str, requirements: Sequence[str], pip_args: Sequence[str] = (),
@@ -348,4 +348,5 @@ def input_pins(name: str) -> dict[str, str]:
 
 def environ_without_pip_target() -> dict[str, str]:
     """The environment minus variables that would redirect pip's installs (e.g. PIP_TARGET)."""
+    # PIP_REQUIRE_VIRTUALENV and friends stay: they are the user's pip configuration.
     return {k: v for k, v in os.environ.items() if k not in ("PIP_TARGET", "PIP_PREFIX", "PIP_USER")}
