@@ -134,7 +134,8 @@ def load(strategy: str, workload: Any, directory: Path, device: Any) -> dict[str
         raise RuntimeError(f"rank {rank}: no checkpoint file {own_path} (a different world size, or --dist-dir "
                            "not shared between the nodes)")
     t0 = time.perf_counter()
-    own = torch.load(own_path, map_location=device, weights_only=True)
+    # On the CPU: RNG states must be CPU tensors (numpy reads them; cuda.set_rng_state takes a CPU ByteTensor).
+    own = torch.load(own_path, map_location="cpu", weights_only=True)
     if own.get("format") != FORMAT or own.get("strategy") != strategy or int(own["world_size"]) != world:
         raise RuntimeError(f"checkpoint {own_path} is {own.get('strategy')} for {own.get('world_size')} ranks; "
                            f"this launch is {strategy} with {world}")

@@ -479,7 +479,10 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(job["timeout_s"]))
-    dist.init_process_group(backend=job["backend"], timeout=timeout)
+    if device.type == "cuda":
+        dist.init_process_group(backend=job["backend"], timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group(backend=job["backend"], timeout=timeout)
     _say(rank, f"process group up ({job['backend']}, {world} ranks)")
     # Barriers and object gathers go over gloo: rank 0 may train the baseline for minutes meanwhile.
     coord = dist.new_group(backend="gloo", timeout=timeout) if job["backend"] != "gloo" else None

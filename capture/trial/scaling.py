@@ -265,7 +265,8 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
             return f"{share:.1%}" if isinstance(share, float) else ("-" if col == "baseline" else "n/a")
         if key == "restore":
             rec = s.get("recovery") if isinstance(s.get("recovery"), Mapping) else {}
-            return str(rec.get("verdict", "-"))
+            verdict = str(rec.get("verdict", "-"))
+            return "failed (below)" if verdict.startswith("failed") else verdict
         return "-"
 
     rows = [("useful throughput (tokens/s)", "throughput"), ("scaling efficiency", "efficiency"),
@@ -290,6 +291,10 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
     mem_basis = next((t[c].get("memory_basis") for c in cols if isinstance(t.get(c), Mapping) and t[c].get("memory_basis")), None)
     if mem_basis:
         lines.append(f"  memory: {mem_basis}")
+    for c in cols:
+        rec = t[c].get("recovery") if isinstance(t.get(c), Mapping) else None
+        if isinstance(rec, Mapping) and str(rec.get("verdict", "")).startswith("failed"):
+            lines.append(f"  restore ({c}): {rec['verdict']}")
     if t.get("reading"):
         lines.append(f"  reading: {t['reading']}")
     return "\n".join(lines)
