@@ -628,13 +628,14 @@ def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLik
         "checkpoint_dir": str(base / "checkpoints"),
         "timeout_s": timeout_s,
     }
-    cmd = None
+    first_cmd: list[str] | None = None
     results: dict[str, Any] = {}
     for phase in ("measure", "restore") if recovery else ("measure",):
         job_path = base / f"job-{phase}.json"
         out_path = base / f"result-{phase}.json"
         atomic_write(job_path, json.dumps(dict(job, phase=phase, out=str(out_path)), indent=1).encode())
         cmd = launch_command(args, job_path, "" if phase == "measure" else "-restore")
+        first_cmd = first_cmd or cmd
         sys.stderr.write(f"scaling: {phase}: {world} rank(s) on {device_type} "
                          f"({', '.join(strategies)}{', baseline' if phase == 'measure' else ', restore in fresh processes'})\n")
         try:
@@ -653,7 +654,7 @@ def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLik
         "strategies": list(strategies),
         "device_type": device_type,
         "launcher": f"python -m {LAUNCHER} (torchrun)",
-        "launch_command": [Path(c).name if i == 0 else c for i, c in enumerate(cmd or [])][:-1] + ["JOB.json"],
+        "launch_command": [Path(c).name if i == 0 else c for i, c in enumerate(first_cmd or [])][:-1] + ["JOB.json"],
         "env_set_by_capture": added,
         "multicast_note": ("NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set for the "
                            "ranks on CUDA unless already set: multicast objects are a hazard on shared hosts and "
