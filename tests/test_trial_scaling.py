@@ -331,11 +331,15 @@ def test_impossible_batch_fails_before_any_launch(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory):
-    """DDP and FSDP on 2 CPU processes (gloo), baseline and restore included: the tiny example."""
+    """DDP and FSDP on 2 CPU processes (gloo), baseline and restore included: the tiny example,
+    its 1024 tokens per step taken as 2 x 4 micro-batches, so each rank accumulates 2 micro-batches
+    (DDP's no_sync gating and FSDP's accumulation are on the path)."""
     from capture.trial.config import load_example
 
     work = tmp_path_factory.mktemp("scaling")
     config = load_example("tiny").with_overrides(device="cpu", warmup_steps=1, measured_steps=3)
+    assert config.tokens_per_step == 2 * 4 * config.batch.max_seq_len
+    config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, micro_batch_size=2, grad_accum=4))
     args = _args("--nproc", "2", "--strategy", "both", "--master-addr", "127.0.0.1",
                  "--master-port", str(_free_port()), "--dist-dir", str(work / "dist"))
     planted = {"NCCL_DEBUG_FILE": f"https://user:{SECRET}@example.invalid/x", "HF_TOKEN": f"hf_{SECRET}abcdefgh"}
@@ -392,7 +396,8 @@ def test_two_ranks_efficiency_from_measured_numbers(two_rank_run):
         assert "peak RSS per rank" in st["memory_basis"]
         # gloo collectives show up in the profiler on CPU, so the share is a measured number.
         assert 0 < st["comm_share"] < 1, st.get("comm_share_note")
-    assert t["ddp"]["wrapper"] == "DistributedDataParallel"
+    assert t["ddp"]["wrapper"] == "DistributedDataParallel" and t["ddp"]["replicas_in_sync"] is True
+    assert t["batch"]["per_rank_grad_accum"] == 2 and t["batch"]["method"] == "grad_accum divided by world_size"
     assert t["fsdp"]["wrapper"].startswith("FSDP2") and "GPT2Block" in t["fsdp"]["sharding_units"]
 
 

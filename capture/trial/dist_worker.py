@@ -299,8 +299,12 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
     _say(rank, f"{strategy}: profiled")
     global_losses = _global_mean(losses, world)
     global_tokens = _global_sum(tokens, device)
+    in_sync = replicas_in_sync(built.workload.model) if strategy == "ddp" else None
     rows = _gather(row, rank, world, coord)
-    info = built.info
+    info = dict(built.info)
+    if in_sync is not None:
+        info["replicas_in_sync"] = in_sync
+        info["replicas_in_sync_basis"] = "per-parameter float64 sums equal on every rank after the profiled steps"
     del built
     _release(device)
     if rank != 0:
@@ -308,6 +312,20 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
     return dict(info, ranks=rows, measured_steps=config.measured_steps,
                 warmup_steps=config.warmup_steps, tokens_measured=global_tokens, losses=global_losses,
                 final_loss=global_losses[-1], profiled_steps=int(job["profile_steps"]), memory_basis=memory_basis(device))
+
+
+def replicas_in_sync(model: Any) -> bool:
+    """DDP keeps one replica per rank; a gradient that was never all-reduced shows up here."""
+    import torch
+    import torch.distributed as dist
+
+    from capture.trial.dist_checkpoint import unwrap
+
+    sums = torch.stack([p.detach().double().sum() for p in unwrap(model).parameters()])
+    low, high = sums.clone(), sums.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(low, high))
 
 
 def _steps_global(built: Built, count: int, world: int) -> list[float]:

@@ -533,7 +533,7 @@ def _strategy_summary(data: Mapping[str, Any], plan: BatchPlan, baseline_tps: fl
     if tps is not None and baseline_tps:
         out["efficiency"] = tps / (plan.world_size * baseline_tps)
         out["speedup"] = tps / baseline_tps
-    for key in ("wrapper", "sharding_units", "gradient_sync"):
+    for key in ("wrapper", "sharding_units", "gradient_sync", "replicas_in_sync", "replicas_in_sync_basis"):
         if data.get(key) is not None:
             out[key] = data[key]
     out["ranks"] = ranks
