@@ -45,13 +45,15 @@ def seed_everything(seed: int) -> None:
 def resolve_device(name: str) -> torch.device:
     """``auto`` → CUDA (or ROCm, which torch also calls cuda) when present, else CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: torch sees no CUDA/ROCm device",
                           f"this torch ({torch.__version__}) was built for "
                           f"{'CPU only' if not (torch.version.cuda or torch.version.hip) else 'a GPU, but none is visible'};"
                           " use --device cpu or a GPU machine")
-    return torch.device(name)
+    # An explicit index: set_per_process_memory_fraction and friends refuse a bare "cuda". Not
+    # torch.cuda.current_device(): that would initialise CUDA before the context is measured.
+    return torch.device("cuda", 0) if name == "cuda" else torch.device(name)
 
 
 # --------------------------------------------------------------------------- data
