@@ -164,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "put the capture command after `--`, e.g. `capture run --image REF -- trial --example tiny`")
     cache = Path(args.cache) if args.cache else _default_cache()
     key = Path(args.key) if args.key else _default_file("CAPTURE_KEY", ".config", "capture", "id_ed25519")
-    if key is None and command[0] == "trial":
+    if key is None and command[0] == "trial" and not args.dry_run:
         from capture import signing
 
         # As `capture trial` on the host would: the default key, created on first use and trusted
