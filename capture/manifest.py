@@ -13,7 +13,12 @@ import datetime as _dt
 import enum
 import math
 import os
-import tomllib
+import re
+
+try:  # the compiled build of the parser tomllib was taken from; same results, about 2x faster
+    import tomli as tomllib
+except ImportError:  # pragma: no cover - tomli is a dependency, the stdlib is the fallback
+    import tomllib  # type: ignore[no-redef]
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
@@ -165,21 +170,21 @@ def split_signed(data: bytes) -> tuple[bytes, bytes | None]:
     The trailer starts at the first line that is exactly ``[signature]`` and must be the last
     table of the file; a second table after it means someone appended to a signed file.
     """
-    lines = data.splitlines(keepends=True)
-    offset = 0
-    for line in lines:
-        if line.rstrip(b"\r\n") == TRAILER_LINE:
-            body, trailer = data[:offset], data[offset:]
-            for later in trailer.splitlines()[1:]:
-                s = later.strip()
-                if s.startswith(b"[") and not s.startswith(b"[=") and s != b"[":
-                    raise SignatureError(
-                        "content was added after the [signature] table",
-                        "the signature covers only what precedes it; re-sign with `capture sign`",
-                    )
-            return body, trailer
-        offset += len(line)
-    return data, None
+    m = _TRAILER_RE.search(data)
+    if m is None:
+        return data, None
+    body, trailer = data[:m.start()], data[m.start():]
+    for later in trailer.splitlines()[1:]:
+        s = later.strip()
+        if s.startswith(b"[") and not s.startswith(b"[=") and s != b"[":
+            raise SignatureError(
+                "content was added after the [signature] table",
+                "the signature covers only what precedes it; re-sign with `capture sign`",
+            )
+    return body, trailer
+
+
+_TRAILER_RE = re.compile(rb"^\[signature\]\r?$", re.MULTILINE)
 
 
 def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:

@@ -355,6 +355,11 @@ def verify_file(path: str | os.PathLike[str], allowed_signers: str | os.PathLike
     except CaptureError as exc:
         return VerifyReport(path, exc.exit_code, signer=signer, allowed_signers=info.allowed_signers,
                             error=exc.message, hint=exc.hint)
+    rec_code = data.get("code")
+    if isinstance(rec_code, dict) and "skipped" in rec_code:
+        # Nothing was recorded to compare with: probing some folder here would only invent drift.
+        live = {**live, "code": rec_code}
+        notes.append(f"code: not recorded in the manifest ({rec_code['skipped']}); not compared")
     if data.get("kind") == "trial":
         notes.append("trial results are signed facts about the recorded run; only the stack is compared")
     diffs, compared = compare_manifests(data, live, policy)

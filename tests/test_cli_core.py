@@ -296,3 +296,17 @@ def test_console_script_entry_point_runs(tmp_path: Path, home: Path):
     r = subprocess.run([sys.executable, "-m", "capture", "--version"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and r.stdout.startswith("capture ")
+
+
+def test_manifest_made_outside_git_does_not_drift_on_code(tmp_path: Path, signer, monkeypatch: pytest.MonkeyPatch, capsys):
+    key, allowed = signer
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train.py").write_text("x = 1\n")
+    monkeypatch.chdir(plain)  # no --code and not a git work tree: the code probe skips
+    m = tmp_path / "m.toml"
+    assert main(["fingerprint", "-o", str(m), "--key", str(key)]) == 0
+    assert "skipped" in m.read_text().split("[code]")[1].split("\n[")[0]
+    capsys.readouterr()
+    assert main(["verify", str(m), "--allowed-signers", str(allowed)]) == 0
+    assert "code: not recorded" in capsys.readouterr().out
