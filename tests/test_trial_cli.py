@@ -64,8 +64,8 @@ def _verified(path: Path, tmp_path: Path) -> dict:
     return mf.parse_body(body, str(path))
 
 
-def _small(tmp_path: Path, text: str = SMALL) -> Path:
-    p = tmp_path / "small.toml"
+def _small(tmp_path: Path, text: str = SMALL, name: str = "small.toml") -> Path:
+    p = tmp_path / name
     p.write_text(text)
     return p
 
@@ -254,7 +254,9 @@ def test_broken_config_file_names_the_key_and_writes_nothing(tmp_path, capsys):
 def test_list_examples_and_default_output_name(tmp_path, capsys):
     assert main(["trial", "--list-examples"]) == 0
     assert capsys.readouterr().out.split() == ["llama-1b", "tiny"]
-    assert main(["trial", str(_small(tmp_path)), "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report"]) == 0
+    cfg = _small(tmp_path, name="exp-7.toml")
+    assert main(["trial", str(cfg), "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report"]) == 0
     printed = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert re.fullmatch(r"trial-small-\d{8}T\d{6}Z\.toml", printed.name) and printed.parent == tmp_path
+    # the config file's stem names it (exp-7.toml), not trial.name
+    assert re.fullmatch(r"trial-exp-7-\d{8}T\d{6}Z\.toml", printed.name) and printed.parent == tmp_path
     assert _verified(printed, tmp_path)["trial"]["run"]["name"] == "small"
