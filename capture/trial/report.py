@@ -502,7 +502,7 @@ def _recovery_section(m: Mapping[str, Any]) -> Section:
     if withheld:
         outcome = verdict if verdict != "bit-exact" else "bit-exact: the continuation does not depend on it"
         sec.rows.append(("WITHHELD on purpose", f"{', '.join(map(str, withheld))} → {outcome}"))
-    if _is_num(rec.get("loss_diff")) and rec.get("diverged_at_step") is not None:
+    if _is_num(rec.get("loss_diff")) and rec["loss_diff"] != 0 and rec.get("diverged_at_step") is not None:
         sec.rows.append(("loss diff at divergence", f"{rec['loss_diff']:+.6g} (resumed − uninterrupted)"))
     repeat = rec.get("restore_repeat")
     if isinstance(repeat, str):
