@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

@@ -174,7 +174,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         import torch
 
         from capture.trial import devmem
-        from capture.trial.memory import estimate, relative_error, shape_of
+        from capture.trial.memory import estimate, shape_of
         from capture.trial.recorder import Recorder, device_name
         from capture.trial.workload import build_workload, resolve_device
 
