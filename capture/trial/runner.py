@@ -12,15 +12,17 @@ The ``[trial]`` table::
     [trial.overrides]    command-line overrides applied on top of the file (method, steps, ...)
     [trial.run]          the resolved definition: name, seed, device, device_name, method,
                          params_total, params_trainable (measured from the built model), trainable_share,
+                         params_source, cpu_threads (CPU runs),
                          max_seq_len, micro_batch_size, grad_accum, tokens_per_step, warmup_steps,
                          measured_steps, [model] (source, repo_id, revision, commit, path, architecture,
                          model_type, class, attn_implementation, vocab_size, weights), [lora],
-                         [optimizer], [scheduler], [precision], [data], [validation_schedule]
+                         [optimizer], [scheduler], [precision], [data], [validation_schedule],
+                         [checkpoint_schedule]
     [trial.memory]       [estimate] (total_bytes, allocator_bytes, one table per term: bytes, formula,
                          inputs), [measured] (device_type, peak_allocated_bytes, peak_reserved_bytes,
                          device_used_bytes, device_used_source, allocator_gap_bytes, device_total_bytes,
                          device_total_source), estimate_error, estimate_error_basis,
-                         allocator_estimate_error, context_bytes
+                         allocator_estimate_error, framework_overhead_bytes
     [trial.steps]        step_time_s, data_wait_s, loss, tokens (measured steps), warmup_step_time_s, clock
     [trial.stats]        measured_steps, step_time_median_s, step_time_mean_s, step_time_p90_s,
                          step_time_p99_s, step_time_min_s, step_time_max_s, step_time_cv,
@@ -34,7 +36,7 @@ The ``[trial]`` table::
     [trial.recovery]     written by capture.trial.recover (or skipped)
     [trial.cost]         wall_total_s, [phases], trained_tokens, price_per_hour, price_source,
                          trial_cost, cost_per_million_trained_tokens, [projection]
-    [trial.report]       html, html_sha256 (or skipped)
+    [trial.report]       html, html_sha256, duration_s (or skipped)
 """
 
 from __future__ import annotations
