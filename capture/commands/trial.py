@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--hf-cache", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
     g.add_argument("--code", metavar="DIR", help="code folder to fingerprint (default: current folder)")
     g.add_argument("--deep", action="store_true", help="also record the cuDNN/NCCL actually loaded (costs seconds)")
+    from capture.trial.scaling import add_arguments as add_scaling_arguments
+
+    add_scaling_arguments(p)
     p.set_defaults(func=cmd_trial)
 
 
@@ -100,6 +103,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
                      "warmup_steps": args.warmup, "micro_batch_size": args.micro_batch}
         config = config.with_overrides(**overrides)
 
+    if args.nproc:  # check the flags and the batch split before spending minutes on the trial
+        from capture.trial.scaling import plan_scaling
+
+        plan_scaling(config, args)
+
     from capture.trial.runner import TrialOptions, run_trial
 
     opts = TrialOptions(
@@ -111,10 +119,15 @@ def cmd_trial(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None, deep=args.deep,
         code=Path(args.code) if args.code else None,
         overrides={k: v for k, v in overrides.items() if v is not None},
+        scaling_args=args if args.nproc else None,
     )
     outcome = run_trial(config, opts, timer)
     if outcome.terminal:
         sys.stdout.write(outcome.terminal if outcome.terminal.endswith("\n") else outcome.terminal + "\n")
+    if "scaling" in outcome.manifest and not args.no_report:
+        from capture.trial.scaling import render_scaling
+
+        sys.stdout.write(render_scaling(outcome.manifest["scaling"]).rstrip("\n") + "\n")
     if outcome.html is not None:
         sys.stderr.write(f"capture: report {outcome.html}\n")
     fit = outcome.manifest.get("trial", {}).get("fit", {})

@@ -83,6 +83,8 @@ class TrialOptions:
     deep: bool = False
     code: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    scaling_args: Any = None
+    """The parsed ``--nproc``/``--strategy``/rendezvous flags; None: no scaling step."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,14 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             say("recoverability: checkpoint, restore in a fresh process, compare")
             with timer.phase("recovery"):
                 trial["recovery"] = _recovery(config, device, workdir)
+
+        if opts.scaling_args is not None:
+            # The user asked for --nproc: a failed launch is their error to see (exit 2), not a note.
+            say("scaling: DDP/FSDP against the single-device baseline (torchrun)")
+            with timer.phase("scaling"):
+                from capture.trial.scaling import run_scaling
+
+                manifest["scaling"] = run_scaling(config, opts.scaling_args, workdir)
 
         stats = trial.get("stats", {})
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
