@@ -331,24 +331,38 @@ def test_impossible_batch_fails_before_any_launch(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory):
-    """DDP and FSDP on 2 CPU processes (gloo), baseline and restore included: the tiny example,
-    its 1024 tokens per step taken as 2 x 4 micro-batches, so each rank accumulates 2 micro-batches
-    (DDP's no_sync gating and FSDP's accumulation are on the path)."""
-    from capture.trial.config import load_example
+    """DDP and FSDP on 2 CPU processes (gloo), baseline and restore included, through the real
+    command line (`capture trial CONFIG --nproc 2 --strategy both`): the tiny example, its 1024
+    tokens per step taken as 2 x 4 micro-batches, so each rank accumulates 2 micro-batches (DDP's
+    no_sync gating and FSDP's accumulation are on the path)."""
+    import re
+
+    from capture._cli import main
+    from capture.trial.config import load_config, load_example
 
     work = tmp_path_factory.mktemp("scaling")
-    config = load_example("tiny").with_overrides(device="cpu", warmup_steps=1, measured_steps=3)
+    text = load_example("tiny").source_text
+    for key, value in (("micro_batch_size", "2"), ("grad_accum", "4")):
+        text, n = re.subn(rf"(?m)^{key}\s*=.*$", f"{key} = {value}", text)
+        assert n == 1, key
+    cfg = work / "tiny-2x4.toml"
+    cfg.write_text(text)
+    config = load_config(cfg).with_overrides(device="cpu", warmup_steps=1, measured_steps=3)
     assert config.tokens_per_step == 2 * 4 * config.batch.max_seq_len
-    config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, micro_batch_size=2, grad_accum=4))
-    args = _args("--nproc", "2", "--strategy", "both", "--master-addr", "127.0.0.1",
-                 "--master-port", str(_free_port()), "--dist-dir", str(work / "dist"))
+    key = work / "key"
+    assert main(["keygen", "-o", str(key), "-C", "ci@capture"]) == 0
+    out = work / "trial.toml"
+    argv = ["trial", str(cfg), "--device", "cpu", "--warmup", "1", "--steps", "3", "--no-report",
+            "--workdir", str(work / "trial-work"), "--key", str(key), "-o", str(out),
+            "--nproc", "2", "--strategy", "both", "--master-addr", "127.0.0.1",
+            "--master-port", str(_free_port()), "--dist-dir", str(work / "dist")]
     planted = {"NCCL_DEBUG_FILE": f"https://user:{SECRET}@example.invalid/x", "HF_TOKEN": f"hf_{SECRET}abcdefgh"}
     saved = {k: os.environ.get(k) for k in planted}
     os.environ.update(planted)
     load_before = os.getloadavg()[0]
     try:
         t0 = time.perf_counter()
-        table = scaling.run_scaling(config, args, work)
+        assert main(argv) == 0
         elapsed = time.perf_counter() - t0
     finally:
         for k, v in saved.items():
@@ -356,8 +370,10 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    table = manifest.load_unverified(out).data["scaling"]
     busy = max(load_before, os.getloadavg()[0]) > 2 * (os.cpu_count() or 1)
-    return types.SimpleNamespace(table=table, config=config, work=work, elapsed=elapsed, busy=busy)
+    return types.SimpleNamespace(table=table, config=config, work=work, elapsed=elapsed, busy=busy,
+                                 manifest_path=out, key=key)
 
 
 def test_two_ranks_equal_tokens_per_optimizer_step(two_rank_run):
@@ -446,24 +462,17 @@ def test_two_ranks_reading_and_time_budget(two_rank_run):
 
 
 def test_two_ranks_signed_manifest_holds_the_table(two_rank_run, tmp_path: Path):
-    from capture import signing
-
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed")
-    key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ci@capture", "-f", str(key)], check=True)
-    m = manifest.new_manifest("trial")
-    m["scaling"] = two_rank_run.table
-    path = tmp_path / "trial.toml"
-    signed = signing.write_signed(path, manifest.dumps(m), key, "ci@capture")
+    signed = two_rank_run.manifest_path.read_bytes()
     body, trailer = manifest.split_signed(signed)
     assert trailer is not None
-    # The real ssh-keygen agrees with the signature (DESIGN.md decision 1).
+    # The real ssh-keygen agrees with the signature `capture trial` wrote (DESIGN.md decision 1).
     sig = tmp_path / "sig"
     sig.write_text(manifest.parse_trailer(trailer, "t")["signature"])
+    pub = Path(f"{two_rank_run.key}.pub").read_text().split()
     allowed = tmp_path / "allowed"
-    allowed.write_text(f"ci@capture namespaces=\"capture-manifest\" {(tmp_path / 'id_ed25519.pub').read_text().split(' ')[0]} "
-                       f"{(tmp_path / 'id_ed25519.pub').read_text().split(' ')[1]}\n")
+    allowed.write_text(f'ci@capture namespaces="capture-manifest" {pub[0]} {pub[1]}\n')
     subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", "ci@capture", "-n", "capture-manifest",
                     "-s", str(sig)], input=body, check=True, capture_output=True)
     parsed = manifest.parse_body(body)
