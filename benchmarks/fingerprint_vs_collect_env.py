@@ -95,7 +95,9 @@ def main() -> int:
     print(f"baseline {BASELINE}: median {med_base:.3f} s ({', '.join(f'{t:.2f}' for t in t_base)})")
     print(f"ratio (baseline / capture): {med_base / med_ours:.1f}x   target >= 20x on the GPU machine")
 
-    reported = {line.split(":", 1)[0].strip() for line in baseline_text.splitlines() if ":" in line}
+    # A fact collect_env could not find ("N/A", "Could not collect") needs no field to hold it.
+    reported = {k.strip() for k, _, v in (ln.partition(":") for ln in baseline_text.splitlines() if ":" in ln)
+                if v.strip() not in ("N/A", "Could not collect", "None", "")}
     print("\ncoverage of what collect_env reports:")
     missing = []
     for fact, fields in COVERAGE.items():
