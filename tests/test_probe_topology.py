@@ -55,8 +55,8 @@ def test_no_gpu_here(env: pytest.MonkeyPatch) -> None:
     env.delitem(sys.modules, "amdsmi", raising=False)
     result = topology.probe(ProbeOptions())
     assert isinstance(result, Skipped)
-    assert result.reason.startswith("no GPU: NVIDIA: NVML: NVML Shared Library Not Found; nvidia-smi not found; AMD: amdsmi: ")
-    assert result.reason.endswith("; rocm-smi not found") and "\n" not in result.reason
+    assert result.reason.startswith("no GPU: NVIDIA: NVML: NVML Shared Library Not Found; nvidia-smi not found; AMD: ")
+    assert result.reason.endswith("AMD: no AMD GPU driver") and "\n" not in result.reason
 
 
 # --------------------------------------------------------------------------- NVIDIA / NVML

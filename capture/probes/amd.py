@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
@@ -307,9 +308,17 @@ def rocm_version_from_amd_smi_version(text: str) -> str | None:
 # --------------------------------------------------------------------------- probe
 
 
+def amd_driver_present() -> bool:
+    """Anything that could answer: importing amdsmi costs ~90 ms on machines that have none."""
+    return (os.path.exists("/dev/kfd") or os.path.isdir("/sys/module/amdgpu") or "amdsmi" in sys.modules
+            or shutil.which("amd-smi") is not None or shutil.which("rocm-smi") is not None)
+
+
 def probe(options: ProbeOptions | None = None) -> AmdInfo | Skipped:
     """The ``[amd]`` table: amdsmi first, ``amd-smi static --json`` if the library cannot load."""
     env = {name: os.environ.get(name) for name in VISIBILITY_VARIABLES}
+    if not amd_driver_present():
+        return Skipped("no AMD GPU driver: no /dev/kfd, no amdgpu kernel module, no amd-smi or rocm-smi")
     smi, why = load_amdsmi()
     if smi is not None:
         try:

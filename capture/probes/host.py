@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +136,7 @@ def probe(options: ProbeOptions, *, root: Path = Path("/")) -> HostInfo:
     except (AttributeError, OSError):
         usable = None
     return HostInfo(
-        hostname=socket.gethostname(),
+        hostname=os.uname().nodename,
         kernel=uname.release,
         arch=uname.machine,
         os=osr.get("PRETTY_NAME") or osr.get("NAME"),

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import subprocess
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
@@ -446,6 +445,8 @@ def _int(text: str | None) -> int | None:
 
 def parse_smi_xml(text: str) -> NvidiaInfo:
     """Parse ``nvidia-smi -q -x`` (DTD v10-v12) into the same result NVML gives."""
+    import xml.etree.ElementTree as ET  # only the fallback parses XML; the import costs ~20 ms
+
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:

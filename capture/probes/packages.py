@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import sys
 import urllib.parse
-import zipfile
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -202,6 +200,12 @@ def _scan_zip(entry: str) -> Iterator[tuple[str, str, str | None]]:
             yield name, version, dist.read_text("direct_url.json")
 
 
+def _is_zip(path: str) -> bool:
+    import zipfile  # rare on sys.path (zipapps, eggs): not worth importing for every fingerprint
+
+    return zipfile.is_zipfile(path)
+
+
 def scan(path: Iterable[str] | None = None) -> list[Package]:
     """Every distribution on ``path`` (default ``sys.path``); the first of a name wins, as in import."""
     first: dict[str, dict[str, Any]] = {}
@@ -210,7 +214,7 @@ def scan(path: Iterable[str] | None = None) -> list[Package]:
         where = entry or os.getcwd()
         if os.path.isdir(where):
             found: Iterable[tuple[str, str, str | None]] = _scan_dir(where)
-        elif os.path.isfile(where) and zipfile.is_zipfile(where):
+        elif os.path.isfile(where) and _is_zip(where):
             found = _scan_zip(where)
         else:
             continue
@@ -225,7 +229,7 @@ def scan(path: Iterable[str] | None = None) -> list[Package]:
 
 def probe(options: ProbeOptions, *, path: Iterable[str] | None = None) -> PythonInfo:
     return PythonInfo(
-        version=platform.python_version(),
-        implementation=platform.python_implementation(),
+        version="%d.%d.%d" % sys.version_info[:3],
+        implementation=sys.implementation.name.replace("cpython", "CPython").replace("pypy", "PyPy"),
         packages=tuple(scan(path)),
     )

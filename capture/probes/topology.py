@@ -330,6 +330,8 @@ def _nvidia_topology() -> tuple[Topology | None, str]:
 
 
 def _amd_topology() -> tuple[Topology | None, str]:
+    if not _amd.amd_driver_present():
+        return None, "no AMD GPU driver"
     smi, why = _amd.load_amdsmi()
     if smi is not None:
         try:
