@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--hf-cache", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
     g.add_argument("--code", metavar="DIR", help="code folder to fingerprint (default: current folder)")
     g.add_argument("--deep", action="store_true", help="also record the cuDNN/NCCL actually loaded (costs seconds)")
-    from capture.trial.scaling import add_arguments as add_scaling_arguments
+    from capture.trial.scaling_args import add_arguments as add_scaling_arguments
 
     add_scaling_arguments(p)
     p.set_defaults(func=cmd_trial)
