@@ -131,6 +131,15 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
     html = out.with_suffix(".html")
     assert rep["html"] == html.name and rep["html_sha256"] == hashlib.sha256(html.read_bytes()).hexdigest()
 
+    # the fresh-process restore is bit-exact on CPU, and every field written is documented
+    rec = t["recovery"]
+    assert rec["verdict"] == "bit-exact" and rec["fresh_process"] is True
+    assert {x["component"] for x in rec["sensitivity"] if x.get("depends")} >= {"model", "optimizer", "rng_torch_cpu",
+                                                                                "data_position"}
+    from test_docs import undocumented
+
+    assert undocumented(m) == []
+
 
 def test_lora_switch_records_measured_trainable_parameters(tmp_path):
     out = tmp_path / "lora.toml"
