@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder: write, fsync, rename.
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file to stream into; on a clean exit it becomes ``path`` (flush, fsync, rename,
+    fsync of the folder), on an exception it is removed and ``path`` is left as it was.
 
-    ``mode`` (e.g. 0o600) is applied to the temporary file before any byte is written, so a
-    private key is never readable by others, not even for an instant. Without it, an existing
-    file keeps its mode and a new one gets ``0o666 & ~umask``, as with ``open()``.
+    The file is a temporary one in the same folder; its ``name`` is that temporary path, so a
+    caller can check what it wrote before the rename. ``mode`` (e.g. 0o600) is applied before any
+    byte is written, so a private key is never readable by others, not even for an instant.
+    Without it, an existing file keeps its mode and a new one gets ``0o666 & ~umask``, as with
+    ``open()``.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
@@ -27,8 +34,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int | None = N
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        # the opener hands over mkstemp's descriptor, so f.name is the temporary path
+        with open(tmp, "wb", opener=lambda _path, _flags: fd) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -48,3 +56,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int | None = N
         pass
     finally:
         os.close(dir_fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
+    with atomic_open(path, mode) as f:
+        f.write(data)

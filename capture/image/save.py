@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture._atomic import atomic_open
 from capture.errors import DockerUnavailable, UsageError
 from capture.image import LABEL_BASE_DIGEST, LABEL_BASE_NAME, _short, docker_client
 from capture.image.run import resolve_image
@@ -70,9 +69,8 @@ def save(image: str, output: Path, client: Any = None) -> SavedArchive:
     folder = output.parent if str(output.parent) else Path(".")
     if not folder.is_dir():
         raise UsageError(f"-o {output}: folder {folder} does not exist", "create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_open(output) as f:
             # GET /images/get?names=A&names=B: one archive holding both, as `docker save A B` does.
             resp = client.api._get(client.api._url("/images/get"), params={"names": list(names)}, stream=True)
             client.api._raise_for_status(resp)
@@ -81,19 +79,12 @@ def save(image: str, output: Path, client: Any = None) -> SavedArchive:
                 f.write(chunk)
                 written += len(chunk)
             f.flush()
-            os.fsync(f.fileno())
-        check_archive(Path(tmp), (image_id, base_id))
-        os.replace(tmp, output)
+            check_archive(Path(f.name), (image_id, base_id))  # before the rename: a bad archive never lands
     except APIError as exc:
-        _unlink(tmp)
         raise UsageError(f"docker could not export {image}: {_short(exc.explanation or str(exc))}",
                          "check `docker image ls`") from None
     except DockerException as exc:
-        _unlink(tmp)
         raise DockerUnavailable(f"export of {image} stopped: {_short(str(exc))}", "check that dockerd still runs") from None
-    except BaseException:
-        _unlink(tmp)
-        raise
     sys.stderr.write(f"saved {image_name} and its base {base_name} to {output}\n")
     return SavedArchive(output, written, image_id, base_id, names)
 
@@ -118,10 +109,3 @@ def check_archive(path: Path, want: tuple[str, ...]) -> None:
     absent = [w for w in want if w not in have]
     if absent:
         raise UsageError(f"the exported archive lacks {absent[0]}", "docker returned a partial export; try again")
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -29,14 +29,13 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capture._atomic import atomic_write
+from capture._atomic import atomic_open
 from capture.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -151,33 +150,16 @@ def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[st
 
 
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> tuple[int, float]:
-    """``torch.save`` into a temp file in the same folder, fsync, rename; returns (bytes, seconds).
-
-    Streams to disk instead of going through :func:`capture._atomic.atomic_write`, which takes
-    bytes: a checkpoint can be tens of GB, and holding it twice in memory is not an option.
+    """``torch.save`` streamed through :func:`capture._atomic.atomic_open` (temp file in the same
+    folder, fsync, rename); returns (bytes, seconds). Streamed, not built as bytes first: a
+    checkpoint can be tens of GB, and holding it twice in memory is not an option.
     """
     import torch
 
     path = Path(path)
     t0 = time.perf_counter()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_open(path) as f:
+        torch.save(dict(state), f)
     return path.stat().st_size, time.perf_counter() - t0
 
 
