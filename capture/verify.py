@@ -20,7 +20,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from capture import manifest as mf
-from capture.errors import EXIT_DRIFT, EXIT_OK, CaptureError, ConfigError, ManifestError
+from capture.errors import EXIT_DRIFT, EXIT_OK, CaptureError, ConfigError
 
 ABSENT = "(absent)"
 
@@ -410,14 +410,3 @@ def diff_files(a: str | os.PathLike[str], b: str | os.PathLike[str], policy: Pol
     if everything:
         policy = Policy(compare=("*",), ignore=("created_utc", "tool.*", "probe.*"), source="everything")
     return compare_manifests(da, db, policy)
-
-
-def signature_status(path: str | os.PathLike[str], allowed_signers: str | os.PathLike[str] | None = None) -> str:
-    """One line saying whether a manifest is signed, valid and trusted (never raises)."""
-    try:
-        info, _ = check_signature(path, allowed_signers)
-    except ManifestError as exc:
-        return f"signed and trusted, but unreadable: {exc.message}"
-    except CaptureError as exc:
-        return f"not verified: {exc.message}"
-    return f"signed by {info.principal!r} ({info.fingerprint}), trusted"

@@ -212,7 +212,9 @@ def test_diff_names_differences(tmp_path: Path, signer, code_repo: Path, capsys)
     capsys.readouterr()
     assert main(["diff", str(a), str(a)]) == 0
     assert main(["diff", str(a), str(b)]) == 1
-    assert "code.tree_hash" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "code.tree_hash" in out
+    assert f"A: {a} — signature valid, signer NOT trusted" in out  # no allowed-signers file: shown, not refused
     assert main(["diff", str(a), str(b), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["differences"][0]["field"] == "code.tree_hash"
 

@@ -179,18 +179,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from capture.verify import Policy, diff_files, signature_status
+    from capture.manifest import read_bytes
+    from capture.results._sig import signature_status
+    from capture.verify import ABSENT, Policy, diff_files
 
     policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
     diffs, compared = diff_files(args.a, args.b, policy, everything=args.everything)
     if args.json:
         sys.stdout.write(json.dumps({
             "a": args.a, "b": args.b, "compared": compared,
-            "differences": [{"field": d.field, "a": None if d.recorded == "(absent)" else d.recorded,
-                             "b": None if d.live == "(absent)" else d.live} for d in diffs],
+            "differences": [{"field": d.field, "a": None if d.recorded is ABSENT else d.recorded,
+                             "b": None if d.live is ABSENT else d.live} for d in diffs],
         }, indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(f"A: {args.a} — {signature_status(args.a)}\nB: {args.b} — {signature_status(args.b)}\n")
+        for label, path in (("A", args.a), ("B", args.b)):
+            sys.stdout.write(f"{label}: {path} — {signature_status(read_bytes(path), path).label}\n")
         if diffs:
             sys.stdout.write(f"{len(diffs)} of {compared} compared fields differ:\n")
             sys.stdout.writelines(f"  {d.line('A', 'B')}\n" for d in diffs)
