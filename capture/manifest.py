@@ -58,9 +58,6 @@ SECTION_ORDER = (
     "scaling",
 )
 
-# Sections whose tables hold data, not keys to sort (e.g. verbatim user config).
-_KEEP_ORDER = frozenset()
-
 
 def utc_now() -> str:
     """Creation time in UTC, second precision, RFC 3339 with a Z."""

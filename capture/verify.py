@@ -123,9 +123,6 @@ class Rule:
     kind: str  # "equal" | "ignore" | "specifier"
     spec: str = ""
 
-    def describe(self) -> str:
-        return self.spec if self.kind == "specifier" else self.kind
-
 
 @dataclass(frozen=True)
 class Policy:

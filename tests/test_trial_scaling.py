@@ -24,7 +24,7 @@ import pytest
 
 from capture import manifest
 from capture.errors import ConfigError, UsageError
-from capture.trial import scaling
+from capture.trial import scaling, scaling_args
 from capture.trial.scaling import BatchPlan, derive_batch
 
 SECRET = "hunter2-scaling-secret"
@@ -32,7 +32,7 @@ SECRET = "hunter2-scaling-secret"
 
 def _args(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    scaling.add_arguments(p)
+    scaling_args.add_arguments(p)
     return p.parse_args(list(argv))
 
 
@@ -218,7 +218,7 @@ def test_bad_rendezvous_flags_are_usage_errors(argv, match):
 @pytest.mark.parametrize("argv", [["--nproc", "0"], ["--nproc", "two"], ["--strategy", "zero"], ["--master-port", "70000"]])
 def test_bad_flag_values_exit_2(argv, capsys):
     p = argparse.ArgumentParser()
-    scaling.add_arguments(p)
+    scaling_args.add_arguments(p)
     with pytest.raises(SystemExit) as info:
         p.parse_args(argv)
     assert info.value.code == 2

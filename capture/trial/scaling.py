@@ -35,7 +35,6 @@ from typing import Any
 
 from capture._atomic import atomic_write
 from capture.errors import CaptureError, ConfigError, UsageError
-from capture.trial.scaling_args import _port, _positive_int, add_arguments  # noqa: F401 (re-exported: the CLI's flags)
 
 log = logging.getLogger(__name__)
 
