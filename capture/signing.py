@@ -679,7 +679,10 @@ class AllowedSigners:
         except UnicodeDecodeError as exc:
             raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", "an allowed-signers file is plain text") from None
         signers = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        # OpenSSH reads the file with getline(3): a line ends at "\n" and nowhere else. str.splitlines
+        # also breaks at \r, \v, \f, \x1c-\x1e, U+0085, U+2028 and U+2029, which would let a comment
+        # that a reviewer sees on one line smuggle in a second entry.
+        for number, line in enumerate(text.split("\n"), start=1):
             entry = _parse_line(line, f"{p}:{number}")
             if entry is not None:
                 signers.append(entry)

@@ -257,3 +257,23 @@ def test_capture_made_allowed_signers_line_works_in_ssh_keygen(tmp_path, body):
     assert proc.returncode == 0, proc.stderr.decode()
     found = keygen("-Y", "find-principals", "-f", str(allowed), "-s", str(tmp_path / "sig"), stdin=body)
     assert found.stdout.decode().strip() == principal
+
+
+# Every character that str.splitlines() treats as a line break; OpenSSH and git break at "\n" only.
+HIDDEN_BREAKS = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("brk", HIDDEN_BREAKS, ids=[f"U+{ord(c):04X}" for c in HIDDEN_BREAKS])
+def test_hidden_line_break_cannot_add_a_signer(tmp_path, brk):
+    # A reviewer sees one line trusting bob; the key comment hides "alice <bob's key>" after a
+    # character that is not a line break for OpenSSH. Neither tool may trust bob's key for alice.
+    key = ssh_key(tmp_path, "bob", comment="bob")
+    msg = b"data\n"
+    armored = signing.sshsig_sign(msg, signing.load_private_key(key))
+    text = f"bob {pub(key)} bob's laptop{brk}alice {pub(key)}"
+    (tmp_path / "ours").write_bytes((text + "\n").encode("utf-8"))
+    ours = signing.AllowedSigners.load(tmp_path / "ours")
+    for principal, expected in (("alice", False), ("bob", True)):
+        theirs = ssh_verify(tmp_path, msg, armored, text, principal).returncode == 0
+        assert theirs == expected, f"ssh-keygen changed its mind on {principal}"
+        assert ours.is_trusted(principal, pub(key), NS) == theirs, f"{principal} with break {brk!r}"
