@@ -1,6 +1,7 @@
 """One error hierarchy; every error knows its exit code and the fix to suggest.
 
-Exit codes (shared/DESIGN.md): 0 ok, 1 drift, 2 usage, 3 malformed manifest, 4 signature/trust.
+Exit codes (shared/DESIGN.md): 0 ok, 1 drift, 2 usage, 3 malformed manifest, 4 signature/trust;
+and, for the commands that run checks, 5 a preflight check failed, 6 an artifact failed verification.
 The CLI catches :class:`CaptureError` in one place and prints ``error: <message>`` and
 ``hint: <hint>`` on stderr; nothing else ever reaches the user as a traceback.
 """
@@ -12,6 +13,10 @@ EXIT_DRIFT = 1
 EXIT_USAGE = 2
 EXIT_MALFORMED = 3
 EXIT_SIGNATURE = 4
+EXIT_PREFLIGHT = 5
+"""`capture preflight` (and the trial's preflight stage) found a check that failed."""
+EXIT_ARTIFACT = 6
+"""`--verify-artifacts`: a model or dataset file does not match its recorded id."""
 
 
 class CaptureError(Exception):
@@ -60,6 +65,18 @@ class SignatureError(CaptureError):
 
 class TrustError(SignatureError):
     """The signature is valid but the signer is not in the allowed-signers file (exit 4)."""
+
+
+class PreflightFailed(CaptureError):
+    """A preflight health or performance check failed: not the machine that was paid for (exit 5)."""
+
+    exit_code = EXIT_PREFLIGHT
+
+
+class ArtifactMismatch(CaptureError):
+    """A model or dataset file's bytes do not match its recorded blob id (exit 6)."""
+
+    exit_code = EXIT_ARTIFACT
 
 
 class DockerUnavailable(UsageError):
