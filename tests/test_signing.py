@@ -630,7 +630,8 @@ def test_allowed_signers_file_format(tmp_path, key):
         "   # indented comment",
     )
     allowed = signing.AllowedSigners.load(path)
-    assert [s.principals for s in allowed.signers] == ["bob@example.com", "alice@example.com,carol@example.com", "ci@example.com"]
+    assert [s.principals for s in allowed.signers] == ["bob@example.com", "alice@example.com,carol@example.com"]
+    assert allowed.skipped == (f"{path}:5: ssh-rsa key (capture trusts only Ed25519 keys)",)
     assert allowed.signers[1].source == f"{path}:4"
     assert allowed.signers[1].options == 'NAMESPACES="capture-manifest",Valid-After="20200101"'
     assert allowed.is_trusted("carol@example.com", pub_of(key))
@@ -641,25 +642,27 @@ def test_allowed_signers_file_format(tmp_path, key):
 
 @pytest.mark.parametrize("line,match", [
     ("alice@example.com", "missing key"),
-    ("alice@example.com namespaces=\"x\"", "missing key after the options"),
-    ("alice@example.com namespaces=capture-manifest {k}", "must be in double quotes"),
-    ("alice@example.com nope {k}", "unsupported option"),
-    ("alice@example.com namespaces=\"a\",namespaces=\"b\" {k}", "given twice"),
-    ("alice@example.com namespaces=\"a\", {k}", "separated by single commas"),
-    ("alice@example.com namespaces=\"a {k}", "unterminated quote|missing key"),
-    ("alice@example.com valid-after=\"2025\" {k}", "invalid valid-after time '2025'"),
-    ("alice@example.com valid-before=\"20251301\" {k}", "invalid valid-before time"),
-    ("\"alice@example.com {k}", "unterminated quote in the principals"),
+    ("alice@example.com namespaces=\"x\"", "missing key"),
+    ("alice@example.com namespaces=capture-manifest {k}", "namespaces: missing quote"),
+    ("alice@example.com nope {k}", "unknown key option"),
+    ("alice@example.com namespaces=\"a\",namespaces=\"b\" {k}", 'multiple "namespaces" clauses'),
+    ("alice@example.com namespaces=\"a\", {k}", "unexpected end-of-options"),
+    ("alice@example.com namespaces=\"a {k}", "unmatched quote"),
+    ("alice@example.com valid-after=\"2025\" {k}", "invalid \"valid-after\" time '2025'"),
+    ("alice@example.com valid-before=\"20251301\" {k}", "invalid \"valid-before\" time"),
+    ("\"alice@example.com {k}", "unmatched quote in the principals"),
     ("alice@example.com ssh-ed25519 not*base64", "invalid ssh-ed25519 key"),
-    ("alice@example.com ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIFBjQQghzQTn6Y+n5efDgb9rFP2jYU/VQ9PZkghQFSDl", "wrong type inside"),
+    ("alice@example.com ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIFBjQQghzQTn6Y+n5efDgb9rFP2jYU/VQ9PZkghQFSDl", "only Ed25519"),
     ("alice@example.com ssh-ed25519", "invalid key"),
 ])
-def test_malformed_allowed_signers_line(tmp_path, key, line, match):
-    path = allowed_file(tmp_path, "# fine", line.format(k=pub_of(key)))
-    with pytest.raises(UsageError, match=match) as info:
-        signing.AllowedSigners.load(path)
-    assert info.value.message.startswith(f"{path}:2: ")
-    assert info.value.exit_code == 2 and info.value.hint
+def test_malformed_allowed_signers_line_is_skipped(tmp_path, key, line, match):
+    """As ssh-keygen does, a line that does not parse is skipped and the rest of the file still counts."""
+    path = allowed_file(tmp_path, "# fine", line.format(k=pub_of(key)), f"alice@example.com {pub_of(key)}")
+    allowed = signing.AllowedSigners.load(path)
+    assert len(allowed.skipped) == 1 and allowed.skipped[0].startswith(f"{path}:2: ")
+    assert re.search(match, allowed.skipped[0]), allowed.skipped[0]
+    assert allowed.is_trusted("alice@example.com", pub_of(key))
+    assert [s.source for s in allowed.signers] == [f"{path}:3"]
 
 
 def test_match_pattern_list():
@@ -723,3 +726,29 @@ def test_xdg_config_allowed_signers(tmp_path, monkeypatch):
     (tmp_path / "xdg" / "capture").mkdir(parents=True)
     (tmp_path / "xdg" / "capture" / "allowed_signers").write_text("")
     assert signing.find_allowed_signers(tmp_path / "x" / "m.toml") == tmp_path / "xdg" / "capture" / "allowed_signers"
+
+
+def test_discovered_allowed_signers_symlink_outside_is_refused(tmp_path, key):
+    """A results folder's .capture/allowed_signers (or the .capture folder) linking outside it is not trusted."""
+    if _ancestor_allowed(tmp_path):
+        pytest.skip("an allowed_signers file exists above the test folder")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "allowed_signers").write_text(f"alice@example.com {pub_of(key)}\n")
+    repo = tmp_path / "repo"
+    (repo / ".capture").mkdir(parents=True)
+    (repo / ".capture" / "allowed_signers").symlink_to(outside / "allowed_signers")
+    with pytest.raises(TrustError, match="is a symlink to .* outside") as info:
+        signing.find_allowed_signers(repo / "m.toml")
+    assert info.value.exit_code == 4 and "\n" not in info.value.message
+    (repo / ".capture" / "allowed_signers").unlink()
+    (repo / ".capture").rmdir()
+    (repo / ".capture").symlink_to(outside)
+    (outside / ".capture").mkdir()
+    with pytest.raises(TrustError, match="outside"):
+        signing.find_allowed_signers(repo / "m.toml")
+    (repo / ".capture").unlink()
+    (repo / ".capture").mkdir()
+    (repo / "real_signers").write_text("")
+    (repo / ".capture" / "allowed_signers").symlink_to(repo / "real_signers")  # inside: fine
+    assert signing.find_allowed_signers(repo / "m.toml") == repo / ".capture" / "allowed_signers"
