@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capture import manifest, signing
+from capture.signing import sshsig
 from capture.errors import KeyError_, ManifestError, SignatureError, TrustError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -274,8 +275,7 @@ def test_sshsig_rejections(key):
 
 def _reblob(armored: str, edit) -> str:
     lines = armored.splitlines()
-    blob = edit(base64.b64decode("".join(lines[1:-1])))
-    return "-----BEGIN SSH SIGNATURE-----\n%s\n-----END SSH SIGNATURE-----\n" % base64.b64encode(blob).decode()
+    return sshsig._armor(edit(base64.b64decode("".join(lines[1:-1]))))
 
 
 def test_sshsig_rejects_structural_damage(key):
@@ -287,10 +287,35 @@ def test_sshsig_rejects_structural_damage(key):
         "unexpected trailing bytes": lambda b: b + b"\0",
         "truncated": lambda b: b[:-5],
         "accepts only 'sha512'": lambda b: b.replace(b"\x00\x00\x00\x06sha512", b"\x00\x00\x00\x06sha256"),
+        "reserved field is not empty": lambda b: b.replace(b"capture-manifest\x00\x00\x00\x00",
+                                                           b"capture-manifest\x00\x00\x00\x01x"),
     }
     for message, edit in cases.items():
         with pytest.raises(SignatureError, match=message):
             signing.sshsig_verify(b"data", _reblob(armored, edit))
+
+
+def test_one_armor_encoding_only(key):
+    """Issue 17 finding 12: the block ssh-keygen writes, and no other spelling of the same signature."""
+    armored = signing.sshsig_sign(b"data", signing.load_private_key(key))
+    signing.sshsig_verify(b"data", armored)
+    begin, *b64, end = armored.splitlines()
+    one_line = "".join(b64)
+    variants = {
+        "extra padding": armored.replace(f"\n{end}", f"==\n{end}"),
+        "one long line": f"{begin}\n{one_line}\n{end}\n",
+        "64 columns": "\n".join([begin, *(one_line[i:i + 64] for i in range(0, len(one_line), 64)), end]) + "\n",
+        "CRLF": armored.replace("\n", "\r\n"),
+        "trailing space": armored.replace(f"\n{end}", f" \n{end}"),
+        "no final newline": armored.rstrip("\n"),
+        "text after END": armored + "more\n",
+        "blank line before BEGIN": "\n" + armored,
+        "blank line inside": armored.replace(f"\n{end}", f"\n\n{end}"),
+    }
+    for name, text in variants.items():
+        with pytest.raises(SignatureError):
+            signing.sshsig_verify(b"data", text)
+            pytest.fail(f"accepted: {name}")
 
 
 def test_fingerprint_format(key):

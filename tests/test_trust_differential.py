@@ -323,3 +323,72 @@ def test_no_backtracking_blow_up():
     assert not trust.match_pattern_list(principal, "*a?a*a?*a*a*a*a*a*a*ax," * 40)
     assert trust.match_pattern_list(principal + "x", "*a*a*ax")
     assert time.perf_counter() - start < 1.0
+
+
+# --------------------------------------------------------------------------- the armored signature (finding 12)
+
+
+def armor_variants(armored: str) -> dict[str, bytes]:
+    from capture.signing import sshsig
+
+    begin, *b64, end = armored.splitlines()
+    one = "".join(b64)
+    blob = base64.b64decode(one)
+    wrap = lambda text, width: "\n".join(text[i:i + width] for i in range(0, len(text), width))  # noqa: E731
+    padded = base64.b64encode(blob + b"\0")  # a blob whose base64 needs padding, to damage the padding
+    out = {
+        "canonical": armored,
+        "extra-padding": armored.replace(f"\n{end}", f"==\n{end}"),
+        "one-line": f"{begin}\n{one}\n{end}\n",
+        "width-64": f"{begin}\n{wrap(one, 64)}\n{end}\n",
+        "width-76": f"{begin}\n{wrap(one, 76)}\n{end}\n",
+        "crlf": armored.replace("\n", "\r\n"),
+        "trailing-space": armored.replace("\n", " \n").replace(f"{end} \n", f"{end}\n"),
+        "tab-indented": armored.replace("\n", "\n\t").replace(f"\t{end}", end).rstrip("\t"),
+        "no-final-newline": armored.rstrip("\n"),
+        "text-after-end": armored + "trailing text\n",
+        "blank-line-inside": armored.replace(f"\n{end}", f"\n\n{end}"),
+        "blank-line-before": "\n" + armored,
+        "missing-end": f"{begin}\n{wrap(one, 70)}\n",
+        "lowercase-begin": armored.replace("BEGIN", "begin"),
+        "reserved-field": sshsig._armor(blob.replace(b"capture-manifest\0\0\0\0", b"capture-manifest\0\0\0\x01x")),
+        "trailing-nul-blob": sshsig._armor(blob + b"\0"),
+        "padded-no-pad": f"{begin}\n{wrap(padded.decode().rstrip('='), 70)}\n{end}\n",
+        "url-safe": armored.replace("+", "-").replace("/", "_"),
+    }
+    if one.endswith("="):
+        out["missing-padding"] = armored.replace(f"=\n{end}", f"\n{end}").replace(f"=\n{end}", f"\n{end}")
+        stem = one.rstrip("=")
+        last = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".index(stem[-1])
+        bumped = stem[:-1] + "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[last + 1] + one[len(stem):]
+        out["non-canonical-bits"] = f"{begin}\n{wrap(bumped, 70)}\n{end}\n"
+    return {k: v.encode() for k, v in out.items()}
+
+
+def test_armor_capture_accepts_only_what_ssh_keygen_writes(keys, tmp_path):
+    from capture.errors import SignatureError
+    from capture.signing import sshsig
+
+    allowed = tmp_path / "allowed"
+    allowed.write_text(f"alice@example.com {keys.pub}\n")
+    armored = keys.sig.read_text()
+    assert sshsig.sshsig_verify(DATA, armored) == keys.pub  # what ssh-keygen -Y sign wrote
+    results = {}
+    for name, data in armor_variants(armored).items():
+        sig = tmp_path / f"{name}.sig"
+        sig.write_bytes(data)
+        proc = subprocess.run([SSH_KEYGEN, "-Y", "verify", "-f", str(allowed), "-I", "alice@example.com", "-n", NAMESPACE,
+                               "-s", str(sig)], input=DATA, capture_output=True, timeout=30)
+        try:
+            sshsig.sshsig_verify(DATA, data.decode("utf-8"))
+            mine = True
+        except (SignatureError, UnicodeDecodeError):
+            mine = False
+        results[name] = (proc.returncode == 0, mine)
+    assert [n for n, (openssh, mine) in results.items() if mine and not openssh] == []
+    assert [n for n, (_, mine) in results.items() if mine] == ["canonical"]
+    # ssh-keygen's own leniency, documented in docs/trust.md (capture is stricter there on purpose)
+    lenient = {n for n, (openssh, _) in results.items() if openssh}
+    assert {"one-line", "width-64", "width-76", "blank-line-inside", "tab-indented", "no-final-newline",
+            "text-after-end", "reserved-field"} <= lenient
+    assert "extra-padding" not in lenient
