@@ -587,7 +587,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return True
 
 
-def _check_not_escaping(candidate: Path, folder: Path) -> None:
+def refuse_escaping_link(candidate: Path, folder: Path) -> None:
     """A discovered allowed-signers file (or its ``.capture`` folder) that is a symlink must stay
     inside the folder it was found in: a results repository's trust never comes from outside it."""
     links = [p for p in (candidate.parent, candidate) if p != folder and p.is_symlink()]
@@ -615,7 +615,7 @@ def find_allowed_signers(manifest_path: str | os.PathLike[str], explicit: str | 
         for name in ("allowed_signers", ".capture/allowed_signers"):
             candidate = candidate_dir / name
             if candidate.is_file():
-                _check_not_escaping(candidate, candidate_dir)
+                refuse_escaping_link(candidate, candidate_dir)
                 return candidate
     home = config_dir() / "allowed_signers"
     return home if home.is_file() else None
