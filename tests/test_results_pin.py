@@ -371,3 +371,22 @@ def test_ignored_symlinked_accelerator_folder_is_refused(repo, keys, tmp_path, c
     assert "is a symlink" in err and err.count("error:") == 1 and "Traceback" not in err
     assert list(outside.rglob("*")) == []
     assert git(repo, "rev-parse", "HEAD").strip() == head
+
+
+@pytest.mark.parametrize("step", ["after-files", "after-update-ref"])
+def test_the_next_pin_of_another_manifest_repairs_first(repo, keys, tmp_path, step, capsys):
+    killed = tmp_path / "killed.toml"
+    raw_killed = keys["alice"].write(killed, h200_manifest(created_utc="2026-11-30T00:00:00Z"))
+    head_before = git(repo, "rev-parse", "HEAD").strip()
+    assert _pin_in_subprocess(killed, repo, f"kill:{step}").returncode == -signal.SIGKILL
+    other = tmp_path / "other.toml"
+    keys["alice"].write(other, h200_manifest())
+    assert main(["pin", str(other), "--repo", str(repo)]) == 0
+    done = "finished" if step == "after-update-ref" else "undone"
+    assert f"capture pin: {done} an interrupted pin" in capsys.readouterr().err
+    runs = [r["path"] for r in json.loads((repo / "index.json").read_text())["runs"]]
+    killed_rel = pin_path(h200_manifest(created_utc="2026-11-30T00:00:00Z"), raw_killed)
+    assert (killed_rel in runs) == (step == "after-update-ref")
+    assert git(repo, "rev-list", "--count", f"{head_before}..HEAD").strip() == ("2" if step == "after-update-ref" else "1")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all", "--ignored") == ""
+    assert _leftovers(repo) == []
