@@ -777,3 +777,42 @@ def test_discovered_allowed_signers_symlink_outside_is_refused(tmp_path, key):
     (repo / "real_signers").write_text("")
     (repo / ".capture" / "allowed_signers").symlink_to(repo / "real_signers")  # inside: fine
     assert signing.find_allowed_signers(repo / "m.toml") == repo / ".capture" / "allowed_signers"
+
+
+# --------------------------------------------------------------------------- OpenSSH semantics without ssh-keygen
+# (tests/test_trust_differential.py checks these and many more against the real ssh-keygen)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("20250101Z", 1735689600), ("20250101z", 1735689600), ("20250101UTC", 1735689600),
+    ("202501011230Z", 1735734600), ("20250101123059Z", 1735734659),
+    ("2025 101Z", 1735689600),  # glibc strptime: a short field padded with a space
+    ("20250230Z", 1740873600),  # rolls over to 2 March, as timegm does
+    ("19700101Z", 0),  # parsed, but 0 means "not set": valid-after/valid-before refuse it
+    ("19700101000001Z", 1), ("19691231235959Z", None), ("20251301Z", None), ("2025010Z", None),
+    ("20250101236000Z", None), ("20250101+0000", None), ("", None), ("Z", None),
+])
+def test_parse_absolute_time(text, expected):
+    assert signing.trust.parse_absolute_time(text) == expected
+
+
+def test_patterns_work_on_bytes_with_openssh_limits():
+    m = signing.match_pattern_list
+    assert m("é", "??") and not m("é", "?")  # é is two bytes in UTF-8
+    assert m("a" * 1030, "a" * 1021 + "*") and not m("a" * 1030, "a" * 1022 + "*")  # 1,023 bytes: char sub[1024]
+    assert not m("alice", "*," + "a" * 1023)  # a too-long subpattern fails the whole list
+    assert m("x" * 3000 + "y", "*x*x*x*y") and not m("x" * 3000, "*x*x*x*y")
+
+
+def test_a_key_is_compared_as_a_key(tmp_path, key):
+    raw = base64.b64decode(pub_of(key).split()[1])[-32:]
+    short = base64.b64encode(struct.pack(">I", 7) + b"ED25519" + struct.pack(">I", 32) + raw).decode()
+    allowed = signing.AllowedSigners.load(allowed_file(tmp_path, f"alice@example.com ssh-ed25519 {short}"))
+    assert allowed.is_trusted("alice@example.com", pub_of(key))  # as sshkey_read reads it
+    assert allowed.signers[0].public_key == pub_of(key)
+
+
+def test_unicode_space_is_not_a_separator(tmp_path, key):
+    allowed = signing.AllowedSigners.load(allowed_file(tmp_path, f"alice@example.com\u00a0{pub_of(key)}"))
+    assert allowed.signers == () and not allowed.is_trusted("alice@example.com", pub_of(key))
+    assert "1 line(s) skipped" in allowed.explain("alice@example.com", pub_of(key))
