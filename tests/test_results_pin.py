@@ -13,6 +13,7 @@ import pytest
 
 from capture._cli import main
 from capture.errors import TrustError, UsageError
+from capture.results import _publish
 from capture.results.pin import pin, pin_path
 from test_results_helpers import git, h200_manifest, keys, make_results_repo  # noqa: F401
 
@@ -198,9 +199,9 @@ def test_different_file_at_same_path_is_never_overwritten(repo, keys, tmp_path):
     assert (repo / rel).read_bytes() == b"someone else's bytes\n"
 
 
-def _pin_in_subprocess(src: Path, repo: Path, hook: str) -> subprocess.CompletedProcess:
+def _pin_in_subprocess(src: Path, repo: Path, hook: str, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, _CAPTURE_TEST_PIN_HOOK=hook)
-    return subprocess.run([sys.executable, "-m", "capture", "pin", str(src), "--repo", str(repo)],
+    return subprocess.run([sys.executable, "-m", "capture", "pin", str(src), "--repo", str(repo), *extra],
                           env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -261,3 +262,131 @@ def test_pin_into_a_folder_of_a_larger_repository_keeps_other_staged_work(tmp_pa
     assert sorted(changed) == sorted(f"manifests/{p}" for p in (result.runs[0].path, "index.json", "index.md"))
     status = git(top, "status", "--porcelain").splitlines()
     assert sorted(status) == ["?? scratch.txt", "M  code.py"]
+
+
+# --------------------------------------------------------------------------- kills, concurrency, symlinks (issue 17)
+
+
+def _leftovers(repo: Path) -> list[str]:
+    git_dir = repo / ".git"
+    return sorted(p.name for p in git_dir.iterdir()
+                  if p.name == "index.lock" or (p.name.startswith(("capture-pin", ".capture-pin")) and p.name != "capture-pin.lock"))
+
+
+@pytest.mark.parametrize("step", _publish.STEPS)
+def test_kill_at_each_step_leaves_the_repo_as_it_was_or_repaired_by_the_next_pin(repo, keys, tmp_path, step):
+    first = tmp_path / "first.toml"
+    keys["alice"].write(first, h200_manifest(created_utc="2026-11-30T00:00:00Z"))
+    pin([str(first)], repo)  # index.json/index.md exist, so an undo must restore them, not remove them
+    src = tmp_path / "run.toml"
+    raw = keys["alice"].write(src, h200_manifest())
+    rel = pin_path(h200_manifest(), raw)
+    before = _state(repo)
+    head_before = before[0]
+
+    proc = _pin_in_subprocess(src, repo, f"kill:{step}", "--tag")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    if step in ("locked", "before-commit", "after-journal"):
+        assert _state(repo) == before  # nothing visible happened yet
+
+    result = pin([str(src)], repo, tag=True)  # repairs first (finishing or undoing), then pins
+
+    assert git(repo, "rev-list", "--count", f"{head_before}..HEAD").strip() == "1"
+    assert git(repo, "show", "--name-only", "--format=", "HEAD").split() == sorted([rel, "index.json", "index.md"])
+    assert git(repo, "status", "--porcelain", "--ignored", "--untracked-files=all") == ""
+    assert (repo / rel).read_bytes() == raw
+    assert [r["path"] for r in json.loads((repo / "index.json").read_text())["runs"]].count(rel) == 1
+    cid = Path(rel).stem
+    assert git(repo, "rev-parse", f"run/{cid}^{{commit}}").strip() == git(repo, "rev-parse", "HEAD").strip()
+    assert _leftovers(repo) == []
+    assert result.runs[0].already_pinned == (result.commit is None)
+
+
+def test_concurrent_pins_wait_for_each_other(repo, keys, tmp_path):
+    sources = []
+    for k in range(4):
+        src = tmp_path / f"run{k}.toml"
+        keys["alice"].write(src, h200_manifest(created_utc=f"2026-12-0{k + 1}T00:00:00Z"))
+        sources.append(src)
+    head_before = git(repo, "rev-parse", "HEAD").strip()
+    procs = [subprocess.Popen([sys.executable, "-m", "capture", "pin", str(s), "--repo", str(repo)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in sources]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1] for o in outs]
+    assert all("Traceback" not in err and "index.lock" not in err for _, err in outs)
+    assert git(repo, "rev-list", "--count", f"{head_before}..HEAD").strip() == "4"
+    assert len(json.loads((repo / "index.json").read_text())["runs"]) == 4
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert _leftovers(repo) == []
+
+
+def test_a_foreign_index_lock_is_left_alone(repo, keys, tmp_path):
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    lock = repo / ".git" / "index.lock"
+    lock.write_bytes(b"another git process\n")
+    before = _state(repo)
+    with pytest.raises(UsageError, match="another git process is working"):
+        pin([str(src)], repo)
+    assert lock.read_bytes() == b"another git process\n"
+    assert _state(repo) == before
+    lock.unlink()
+    assert pin([str(src)], repo).commit is not None
+
+
+def test_allowed_signers_symlink_outside_the_repo_is_refused(tmp_path, keys):
+    outside = tmp_path / "outside_signers"
+    outside.write_text(keys["alice"].allowed_line)
+    repo = tmp_path / "results"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.name", "Results Bot")
+    git(repo, "config", "user.email", "results@example.invalid")
+    (repo / ".capture").mkdir()
+    (repo / ".capture" / "allowed_signers").symlink_to(outside)
+    git(repo, "add", ".capture/allowed_signers")
+    git(repo, "commit", "-q", "-m", "trust signers (a link)")
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    before = _state(repo)
+    with pytest.raises(TrustError, match="is a symlink to .* outside") as info:
+        pin([str(src)], repo)
+    assert info.value.exit_code == 4
+    assert _state(repo) == before
+
+
+def test_ignored_symlinked_accelerator_folder_is_refused(repo, keys, tmp_path, capsys):
+    src = tmp_path / "run.toml"
+    raw = keys["alice"].write(src, h200_manifest())
+    slug = pin_path(h200_manifest(), raw).split("/")[0]
+    (repo / ".gitignore").write_text(f"{slug}\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-q", "-m", "ignore")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (repo / slug).symlink_to(outside, target_is_directory=True)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert main(["pin", str(src), "--repo", str(repo)]) == 2
+    err = capsys.readouterr().err
+    assert "is a symlink" in err and err.count("error:") == 1 and "Traceback" not in err
+    assert list(outside.rglob("*")) == []
+    assert git(repo, "rev-parse", "HEAD").strip() == head
+
+
+@pytest.mark.parametrize("step", ["after-files", "after-update-ref"])
+def test_the_next_pin_of_another_manifest_repairs_first(repo, keys, tmp_path, step, capsys):
+    killed = tmp_path / "killed.toml"
+    raw_killed = keys["alice"].write(killed, h200_manifest(created_utc="2026-11-30T00:00:00Z"))
+    head_before = git(repo, "rev-parse", "HEAD").strip()
+    assert _pin_in_subprocess(killed, repo, f"kill:{step}").returncode == -signal.SIGKILL
+    other = tmp_path / "other.toml"
+    keys["alice"].write(other, h200_manifest())
+    assert main(["pin", str(other), "--repo", str(repo)]) == 0
+    done = "finished" if step == "after-update-ref" else "undone"
+    assert f"capture pin: {done} an interrupted pin" in capsys.readouterr().err
+    runs = [r["path"] for r in json.loads((repo / "index.json").read_text())["runs"]]
+    killed_rel = pin_path(h200_manifest(created_utc="2026-11-30T00:00:00Z"), raw_killed)
+    assert (killed_rel in runs) == (step == "after-update-ref")
+    assert git(repo, "rev-list", "--count", f"{head_before}..HEAD").strip() == ("2" if step == "after-update-ref" else "1")
+    assert git(repo, "status", "--porcelain", "--untracked-files=all", "--ignored") == ""
+    assert _leftovers(repo) == []

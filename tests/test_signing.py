@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capture import manifest, signing
+from capture.signing import sshsig
 from capture.errors import KeyError_, ManifestError, SignatureError, TrustError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -274,8 +275,7 @@ def test_sshsig_rejections(key):
 
 def _reblob(armored: str, edit) -> str:
     lines = armored.splitlines()
-    blob = edit(base64.b64decode("".join(lines[1:-1])))
-    return "-----BEGIN SSH SIGNATURE-----\n%s\n-----END SSH SIGNATURE-----\n" % base64.b64encode(blob).decode()
+    return sshsig._armor(edit(base64.b64decode("".join(lines[1:-1]))))
 
 
 def test_sshsig_rejects_structural_damage(key):
@@ -287,10 +287,35 @@ def test_sshsig_rejects_structural_damage(key):
         "unexpected trailing bytes": lambda b: b + b"\0",
         "truncated": lambda b: b[:-5],
         "accepts only 'sha512'": lambda b: b.replace(b"\x00\x00\x00\x06sha512", b"\x00\x00\x00\x06sha256"),
+        "reserved field is not empty": lambda b: b.replace(b"capture-manifest\x00\x00\x00\x00",
+                                                           b"capture-manifest\x00\x00\x00\x01x"),
     }
     for message, edit in cases.items():
         with pytest.raises(SignatureError, match=message):
             signing.sshsig_verify(b"data", _reblob(armored, edit))
+
+
+def test_one_armor_encoding_only(key):
+    """Issue 17 finding 12: the block ssh-keygen writes, and no other spelling of the same signature."""
+    armored = signing.sshsig_sign(b"data", signing.load_private_key(key))
+    signing.sshsig_verify(b"data", armored)
+    begin, *b64, end = armored.splitlines()
+    one_line = "".join(b64)
+    variants = {
+        "extra padding": armored.replace(f"\n{end}", f"==\n{end}"),
+        "one long line": f"{begin}\n{one_line}\n{end}\n",
+        "64 columns": "\n".join([begin, *(one_line[i:i + 64] for i in range(0, len(one_line), 64)), end]) + "\n",
+        "CRLF": armored.replace("\n", "\r\n"),
+        "trailing space": armored.replace(f"\n{end}", f" \n{end}"),
+        "no final newline": armored.rstrip("\n"),
+        "text after END": armored + "more\n",
+        "blank line before BEGIN": "\n" + armored,
+        "blank line inside": armored.replace(f"\n{end}", f"\n\n{end}"),
+    }
+    for name, text in variants.items():
+        with pytest.raises(SignatureError):
+            signing.sshsig_verify(b"data", text)
+            pytest.fail(f"accepted: {name}")
 
 
 def test_fingerprint_format(key):
@@ -630,7 +655,8 @@ def test_allowed_signers_file_format(tmp_path, key):
         "   # indented comment",
     )
     allowed = signing.AllowedSigners.load(path)
-    assert [s.principals for s in allowed.signers] == ["bob@example.com", "alice@example.com,carol@example.com", "ci@example.com"]
+    assert [s.principals for s in allowed.signers] == ["bob@example.com", "alice@example.com,carol@example.com"]
+    assert allowed.skipped == (f"{path}:5: ssh-rsa key (capture trusts only Ed25519 keys)",)
     assert allowed.signers[1].source == f"{path}:4"
     assert allowed.signers[1].options == 'NAMESPACES="capture-manifest",Valid-After="20200101"'
     assert allowed.is_trusted("carol@example.com", pub_of(key))
@@ -641,25 +667,27 @@ def test_allowed_signers_file_format(tmp_path, key):
 
 @pytest.mark.parametrize("line,match", [
     ("alice@example.com", "missing key"),
-    ("alice@example.com namespaces=\"x\"", "missing key after the options"),
-    ("alice@example.com namespaces=capture-manifest {k}", "must be in double quotes"),
-    ("alice@example.com nope {k}", "unsupported option"),
-    ("alice@example.com namespaces=\"a\",namespaces=\"b\" {k}", "given twice"),
-    ("alice@example.com namespaces=\"a\", {k}", "separated by single commas"),
-    ("alice@example.com namespaces=\"a {k}", "unterminated quote|missing key"),
-    ("alice@example.com valid-after=\"2025\" {k}", "invalid valid-after time '2025'"),
-    ("alice@example.com valid-before=\"20251301\" {k}", "invalid valid-before time"),
-    ("\"alice@example.com {k}", "unterminated quote in the principals"),
+    ("alice@example.com namespaces=\"x\"", "missing key"),
+    ("alice@example.com namespaces=capture-manifest {k}", "namespaces: missing quote"),
+    ("alice@example.com nope {k}", "unknown key option"),
+    ("alice@example.com namespaces=\"a\",namespaces=\"b\" {k}", 'multiple "namespaces" clauses'),
+    ("alice@example.com namespaces=\"a\", {k}", "unexpected end-of-options"),
+    ("alice@example.com namespaces=\"a {k}", "unmatched quote"),
+    ("alice@example.com valid-after=\"2025\" {k}", "invalid \"valid-after\" time '2025'"),
+    ("alice@example.com valid-before=\"20251301\" {k}", "invalid \"valid-before\" time"),
+    ("\"alice@example.com {k}", "unmatched quote in the principals"),
     ("alice@example.com ssh-ed25519 not*base64", "invalid ssh-ed25519 key"),
-    ("alice@example.com ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIFBjQQghzQTn6Y+n5efDgb9rFP2jYU/VQ9PZkghQFSDl", "wrong type inside"),
+    ("alice@example.com ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIFBjQQghzQTn6Y+n5efDgb9rFP2jYU/VQ9PZkghQFSDl", "only Ed25519"),
     ("alice@example.com ssh-ed25519", "invalid key"),
 ])
-def test_malformed_allowed_signers_line(tmp_path, key, line, match):
-    path = allowed_file(tmp_path, "# fine", line.format(k=pub_of(key)))
-    with pytest.raises(UsageError, match=match) as info:
-        signing.AllowedSigners.load(path)
-    assert info.value.message.startswith(f"{path}:2: ")
-    assert info.value.exit_code == 2 and info.value.hint
+def test_malformed_allowed_signers_line_is_skipped(tmp_path, key, line, match):
+    """As ssh-keygen does, a line that does not parse is skipped and the rest of the file still counts."""
+    path = allowed_file(tmp_path, "# fine", line.format(k=pub_of(key)), f"alice@example.com {pub_of(key)}")
+    allowed = signing.AllowedSigners.load(path)
+    assert len(allowed.skipped) == 1 and allowed.skipped[0].startswith(f"{path}:2: ")
+    assert re.search(match, allowed.skipped[0]), allowed.skipped[0]
+    assert allowed.is_trusted("alice@example.com", pub_of(key))
+    assert [s.source for s in allowed.signers] == [f"{path}:3"]
 
 
 def test_match_pattern_list():
@@ -723,3 +751,68 @@ def test_xdg_config_allowed_signers(tmp_path, monkeypatch):
     (tmp_path / "xdg" / "capture").mkdir(parents=True)
     (tmp_path / "xdg" / "capture" / "allowed_signers").write_text("")
     assert signing.find_allowed_signers(tmp_path / "x" / "m.toml") == tmp_path / "xdg" / "capture" / "allowed_signers"
+
+
+def test_discovered_allowed_signers_symlink_outside_is_refused(tmp_path, key):
+    """A results folder's .capture/allowed_signers (or the .capture folder) linking outside it is not trusted."""
+    if _ancestor_allowed(tmp_path):
+        pytest.skip("an allowed_signers file exists above the test folder")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "allowed_signers").write_text(f"alice@example.com {pub_of(key)}\n")
+    repo = tmp_path / "repo"
+    (repo / ".capture").mkdir(parents=True)
+    (repo / ".capture" / "allowed_signers").symlink_to(outside / "allowed_signers")
+    with pytest.raises(TrustError, match="is a symlink to .* outside") as info:
+        signing.find_allowed_signers(repo / "m.toml")
+    assert info.value.exit_code == 4 and "\n" not in info.value.message
+    (repo / ".capture" / "allowed_signers").unlink()
+    (repo / ".capture").rmdir()
+    (repo / ".capture").symlink_to(outside)
+    (outside / ".capture").mkdir()
+    with pytest.raises(TrustError, match="outside"):
+        signing.find_allowed_signers(repo / "m.toml")
+    (repo / ".capture").unlink()
+    (repo / ".capture").mkdir()
+    (repo / "real_signers").write_text("")
+    (repo / ".capture" / "allowed_signers").symlink_to(repo / "real_signers")  # inside: fine
+    assert signing.find_allowed_signers(repo / "m.toml") == repo / ".capture" / "allowed_signers"
+
+
+# --------------------------------------------------------------------------- OpenSSH semantics without ssh-keygen
+# (tests/test_trust_differential.py checks these and many more against the real ssh-keygen)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("20250101Z", 1735689600), ("20250101z", 1735689600), ("20250101UTC", 1735689600),
+    ("202501011230Z", 1735734600), ("20250101123059Z", 1735734659),
+    ("2025 101Z", 1735689600),  # glibc strptime: a short field padded with a space
+    ("20250230Z", 1740873600),  # rolls over to 2 March, as timegm does
+    ("19700101Z", 0),  # parsed, but 0 means "not set": valid-after/valid-before refuse it
+    ("19700101000001Z", 1), ("19691231235959Z", None), ("20251301Z", None), ("2025010Z", None),
+    ("20250101236000Z", None), ("20250101+0000", None), ("", None), ("Z", None),
+])
+def test_parse_absolute_time(text, expected):
+    assert signing.trust.parse_absolute_time(text) == expected
+
+
+def test_patterns_work_on_bytes_with_openssh_limits():
+    m = signing.match_pattern_list
+    assert m("é", "??") and not m("é", "?")  # é is two bytes in UTF-8
+    assert m("a" * 1030, "a" * 1021 + "*") and not m("a" * 1030, "a" * 1022 + "*")  # 1,023 bytes: char sub[1024]
+    assert not m("alice", "*," + "a" * 1023)  # a too-long subpattern fails the whole list
+    assert m("x" * 3000 + "y", "*x*x*x*y") and not m("x" * 3000, "*x*x*x*y")
+
+
+def test_a_key_is_compared_as_a_key(tmp_path, key):
+    raw = base64.b64decode(pub_of(key).split()[1])[-32:]
+    short = base64.b64encode(struct.pack(">I", 7) + b"ED25519" + struct.pack(">I", 32) + raw).decode()
+    allowed = signing.AllowedSigners.load(allowed_file(tmp_path, f"alice@example.com ssh-ed25519 {short}"))
+    assert allowed.is_trusted("alice@example.com", pub_of(key))  # as sshkey_read reads it
+    assert allowed.signers[0].public_key == pub_of(key)
+
+
+def test_unicode_space_is_not_a_separator(tmp_path, key):
+    allowed = signing.AllowedSigners.load(allowed_file(tmp_path, f"alice@example.com\u00a0{pub_of(key)}"))
+    assert allowed.signers == () and not allowed.is_trusted("alice@example.com", pub_of(key))
+    assert "1 line(s) skipped" in allowed.explain("alice@example.com", pub_of(key))

@@ -12,19 +12,18 @@ The content id is the first 12 hex digits of sha256 over the file's bytes, so a 
 exactly one content: pinning the same bytes again is a no-op, and a different file is never
 written over one that is already there.
 
-Atomicity. Nothing a user can see changes until the new commit exists:
+Atomicity (``capture/results/_publish.py``). Pins into one repository take turns (an flock on
+``.git/capture-pin.lock``; a second pin waits). Nothing a user can see changes until every manifest
+is verified and the new commit exists in a temporary index. Publishing is journaled
+(``.git/capture-pin.journal``): files are written, git's ``index.lock`` is taken holding the new
+index, HEAD moves with a compare-and-swap (``update-ref HEAD NEW OLD``), the index is renamed into
+place. A failure undoes it; a SIGKILL at any step leaves the repository as it was or in a state the
+next pin repairs first, finishing the pin if HEAD moved and undoing it if not, touching only what
+the journal proves a pin of ours wrote.
 
-1. verify every manifest (signature, then trust against the repository's own allowed signers,
-   then the body parses) — any failure stops here with the repository untouched;
-2. write the new blobs into git's object store and build the commit in a temporary index
-   (``GIT_INDEX_FILE``); objects nobody references are invisible and garbage-collected later;
-3. take ``.git/index.lock`` (so no other git process changes the index meanwhile), write the
-   files into the work tree, move HEAD with ``git update-ref HEAD NEW OLD`` (fails if HEAD moved)
-   and install the new index by renaming it over the old one.
-
-A failure in step 3 undoes what step 3 did (files removed or restored, HEAD moved back). A
-SIGKILL before step 3 leaves the repository exactly as it was; step 3 itself takes
-milliseconds and is the only window in which a kill can leave a half-updated work tree.
+Paths: every path pin writes is checked to be inside the repository with no symlinked component
+(a git-ignored symlinked folder is refused), and the allowed-signers file may not be a symlink
+leading outside the results folder.
 """
 
 from __future__ import annotations
@@ -33,16 +32,17 @@ import datetime as _dt
 import io
 import logging
 import os
-import shutil
-import signal
+import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from capture.errors import CaptureError, ManifestError, TrustError, UsageError
+from capture.errors import ManifestError, TrustError, UsageError
 from capture.manifest import parse_body, read_bytes
+from capture.results import _publish
 from capture.results import index as _index
+from capture.results._publish import _git, hook as _hook
 from capture.results._sig import load_allowed
 from capture.results.summary import RunSummary, accelerator_slug, content_id, fmt_number, summarize
 
@@ -52,8 +52,7 @@ TRUST_FILES = (PurePosixPath(".capture/allowed_signers"), PurePosixPath("allowed
 """Where a results repository keeps its trusted signers (exactly one of them may exist)."""
 CONFIG = PurePosixPath(".capture/results.toml")
 LAYOUT_VERSION = 1
-_TEST_HOOK = "_CAPTURE_TEST_PIN_HOOK"
-"""Test-only: ``kill:STAGE`` makes the process SIGKILL itself at STAGE, ``fail:STAGE`` raises."""
+_TEST_HOOK = _publish.HOOK_ENV
 
 
 @dataclass(frozen=True)
@@ -79,19 +78,6 @@ class PinResult:
 class _Plan:
     files: dict[str, bytes] = field(default_factory=dict)
     """Repository-relative path (from the git top level) → bytes to write."""
-
-
-def _hook(stage: str) -> None:
-    want = os.environ.get(_TEST_HOOK)
-    if not want:
-        return
-    action, _, at = want.partition(":")
-    if at != stage:
-        return
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if action == "fail":
-        raise OSError(f"test hook: failing at {stage}")
 
 
 def created_date(data: dict, source: str) -> str:
@@ -124,18 +110,6 @@ def open_results_repo(root: str | os.PathLike[str]):
     if repo.bare or repo.working_tree_dir is None:
         raise UsageError(f"{path}: is a bare git repository", "pin into a clone with a work tree")
     return repo
-
-
-def _git(repo, *args: str, env: dict[str, str] | None = None) -> str:
-    import git
-    try:
-        return repo.git.execute(["git", *args], env=env)
-    except git.GitCommandError as exc:
-        stderr = (exc.stderr or "").strip().replace("\n", " ").removeprefix("stderr: ").strip(" '")
-        hint = None
-        if "tell me who you are" in stderr or "empty ident" in stderr:
-            hint = 'set a committer: `git config user.name "..."` and `git config user.email ...` in the results repository'
-        raise UsageError(f"git {args[0]} failed: {stderr or exc}", hint) from None
 
 
 def _head(repo) -> str | None:
@@ -181,6 +155,8 @@ def _trust_file(repo, root: Path, rel_root: str) -> Path:
         raise UsageError(f"{root}: both {TRUST_FILES[0]} and {TRUST_FILES[1]} exist; which signers are trusted is ambiguous",
                          "keep one allowed-signers file in the results repository and commit the removal of the other")
     path = root / present[0]
+    from capture.signing.trust import refuse_escaping_link
+    refuse_escaping_link(path, root)
     rel = (PurePosixPath(rel_root) / present[0]).as_posix() if rel_root else present[0].as_posix()
     if _head(repo) is None or not _git(repo, "ls-files", "--", rel).strip():
         raise TrustError(f"{path}: the allowed-signers file is not committed",
@@ -240,6 +216,17 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     top = Path(repo.working_tree_dir).resolve()
     root = Path(repo_dir).resolve()
     rel_root = root.relative_to(top).as_posix() if root != top else ""
+    git_dir = Path(repo.git_dir)
+    with _publish.PinLock(git_dir, top):
+        done = _publish.recover(repo, top, git_dir)
+        if done:
+            print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
+        _hook("locked")
+        return _pin_locked(repo, top, root, rel_root, files, message, tag)
+
+
+def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str], message: str | None,
+                tag: bool) -> PinResult:
     _check_layout(root)
     _check_clean(repo, rel_root)
     allowed = load_allowed(_trust_file(repo, root, rel_root))
@@ -255,6 +242,7 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
             runs.append(PinnedRun(source, rel, summary, already_pinned=True))
             continue
         in_this_call.add(rel)
+        _publish.check_write_path(top, _repo_path(rel_root, rel))
         try:
             existing = (root / rel).read_bytes()
         except FileNotFoundError:
@@ -269,6 +257,8 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     new_runs = [r for r in runs if not r.already_pinned]
     if not new_runs:
         return PinResult(tuple(runs), None)
+    for name in (_index.INDEX_JSON, _index.INDEX_MD):
+        _publish.check_write_path(top, _repo_path(rel_root, name))
     rows = _index.merge_rows(_index.load_rows(root), (r.summary.to_json() for r in new_runs))
     plan.files[_repo_path(rel_root, _index.INDEX_JSON)] = _index.render_json(rows)
     plan.files[_repo_path(rel_root, _index.INDEX_MD)] = _index.render_markdown(rows)
@@ -278,9 +268,7 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
         if _git(repo, "tag", "--list", t).strip():
             raise UsageError(f"tag {t} already exists in {top}", f"delete it (`git tag -d {t}`) or pin without --tag")
     msg = commit_message(runs, message)
-    commit = _commit_atomically(repo, top, plan, msg)
-    for t in tags:
-        _git(repo, "tag", "-a", t, "-m", msg, commit)
+    commit = _commit_atomically(repo, top, plan, msg, tags)
     return PinResult(tuple(runs), commit, tags, msg)
 
 
@@ -288,17 +276,15 @@ def _repo_path(rel_root: str, rel: str) -> str:
     return f"{rel_root}/{rel}" if rel_root else rel
 
 
-def _commit_atomically(repo, top: Path, plan: _Plan, message: str) -> str:
+def _commit_atomically(repo, top: Path, plan: _Plan, message: str, tags: tuple[str, ...]) -> str:
     from gitdb.base import IStream
 
     git_dir = Path(repo.git_dir)
     old = _head(repo)
     assert old is not None  # _trust_file required a commit holding the allowed-signers file
-    _remove_stale_temp_indexes(git_dir)
     tmp_index = git_dir / f"capture-pin-{os.getpid()}.index"
-    new_index = git_dir / f"capture-pin-{os.getpid()}.next-index"
     try:
-        # Step 2: objects and a commit that nothing points to yet.
+        # Objects and a commit that nothing points to yet (built in a temporary index).
         env = {"GIT_INDEX_FILE": str(tmp_index)}
         _git(repo, "read-tree", old, env=env)
         entries = []
@@ -309,99 +295,7 @@ def _commit_atomically(repo, top: Path, plan: _Plan, message: str) -> str:
         tree = _git(repo, "write-tree", env=env).strip()
         commit = _git(repo, "commit-tree", tree, "-p", old, "-m", message).strip()
         _hook("before-commit")
-        # Step 3: publish, under the index lock.
-        _publish(repo, top, git_dir, plan, entries, old, commit, new_index)
-        return commit
     finally:
-        for p in (tmp_index, new_index):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
-
-
-def _remove_stale_temp_indexes(git_dir: Path) -> None:
-    """Temporary indexes left by a pin that was killed (invisible to git, but litter)."""
-    for p in git_dir.glob("capture-pin-*.*index"):
-        try:
-            pid = int(p.name.split("-")[2].split(".")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            p.unlink(missing_ok=True)
-        except (ValueError, IndexError, PermissionError, OSError):
-            continue
-
-
-def _publish(repo, top: Path, git_dir: Path, plan: _Plan, entries: list[str], old: str,
-             commit: str, new_index: Path) -> None:
-    lock = git_dir / "index.lock"
-    try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise UsageError(f"{lock} exists: another git process is working in {top}",
-                         "wait for it to finish and pin again (remove the lock only if no git process is running)") from None
-    os.close(fd)
-    written: list[Path] = []
-    previous: dict[Path, bytes] = {}
-    made_dirs: list[Path] = []
-    head_moved = False
-    try:
-        # The real index may hold other people's staged work outside the results folder: keep it.
-        if (git_dir / "index").exists():
-            shutil.copyfile(git_dir / "index", new_index)
-        _git(repo, "update-index", "--add", *entries, env={"GIT_INDEX_FILE": str(new_index)})
-        from capture._atomic import atomic_write
-        for rel, data in plan.files.items():
-            dest = top / rel
-            for parent in reversed(dest.relative_to(top).parents):
-                d = top / parent
-                if not d.exists():
-                    d.mkdir()
-                    made_dirs.append(d)
-            if dest.exists():
-                previous[dest] = dest.read_bytes()
-            atomic_write(dest, data)
-            written.append(dest)
-        _hook("after-files")
-        _git(repo, "update-ref", "-m", "capture pin", "HEAD", commit, old)
-        head_moved = True
-        _hook("after-update-ref")
-        os.replace(new_index, lock)
-        os.replace(lock, git_dir / "index")
-    except OSError as exc:
-        _undo(repo, written, previous, made_dirs, head_moved, old, commit)
-        raise UsageError(f"{top}: pin failed while writing ({exc}); the repository was left as it was",
-                         "check free space and permissions in the results repository, then pin again") from None
-    except BaseException:
-        _undo(repo, written, previous, made_dirs, head_moved, old, commit)
-        raise
-    finally:
-        try:
-            lock.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def _undo(repo, written, previous, made_dirs, head_moved, old, commit) -> None:
-    from capture._atomic import atomic_write
-    errors = []
-    if head_moved:
-        try:
-            _git(repo, "update-ref", "-m", "capture pin: undo", "HEAD", old, commit)
-        except CaptureError as exc:
-            errors.append(exc.message)
-    for p in written:
-        try:
-            if p in previous:
-                atomic_write(p, previous[p])
-            else:
-                p.unlink()
-        except OSError as exc:
-            errors.append(f"{p}: {exc}")
-    for d in reversed(made_dirs):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
-    if errors:
-        log.error("could not fully undo the interrupted pin: %s", "; ".join(errors))
+        tmp_index.unlink(missing_ok=True)
+    _publish.publish(repo, top, plan.files, old, commit, message, tags)
+    return commit

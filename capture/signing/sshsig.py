@@ -123,20 +123,36 @@ def sshsig_sign(data: bytes, key: Ed25519PrivateKey, namespace: str = NAMESPACE)
     blob = (_MAGIC + struct.pack(">I", _SIG_VERSION) + _string(_ed25519_blob(key.public_key()))
             + _string(namespace.encode("utf-8")) + _string(b"") + _string(HASH_ALG.encode())
             + _string(_string(_ED25519.encode()) + _string(signature)))
+    return _armor(blob)
+
+
+def _armor(blob: bytes) -> str:
+    """``sshsig_armor``: the BEGIN line, the base64 in lines of 70, the END line, each ending in a newline."""
     b64 = base64.b64encode(blob).decode("ascii")
     lines = [b64[i:i + _ARMOR_WIDTH] for i in range(0, len(b64), _ARMOR_WIDTH)]
     return "\n".join([_ARMOR_BEGIN, *lines, _ARMOR_END]) + "\n"
 
 
 def _dearmor(armored: str) -> bytes:
-    lines = [line.strip() for line in armored.strip().splitlines()]
-    if len(lines) < 3 or lines[0] != _ARMOR_BEGIN or lines[-1] != _ARMOR_END:
+    """The signature blob of an armored block written exactly as ssh-keygen writes it.
+
+    ssh-keygen reads any line width, CR, spaces and whatever follows the END line; capture accepts
+    one encoding only (the one :func:`_armor` and ``ssh-keygen -Y sign`` write), so one signature
+    has one byte encoding and one content id (docs/trust.md).
+    """
+    head, tail = _ARMOR_BEGIN + "\n", "\n" + _ARMOR_END + "\n"
+    if not armored.startswith(head) or not armored.endswith(tail) or len(armored) <= len(head) + len(tail):
         raise SignatureError("the signature is not an armored SSH signature block",
                              f"it must start with {_ARMOR_BEGIN} and end with {_ARMOR_END}; sign again")
     try:
-        return base64.b64decode("".join(lines[1:-1]), validate=True)
-    except binascii.Error:
+        blob = base64.b64decode(armored[len(head):-len(tail)].replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError):
         raise SignatureError("the signature block is not valid base64", "the signature was damaged; sign again") from None
+    if _armor(blob) != armored:
+        raise SignatureError("the signature block is not in the one encoding ssh-keygen writes "
+                             "(base64 in lines of 70, exact padding, nothing else)",
+                             "sign again with `capture sign` or `ssh-keygen -Y sign`") from None
+    return blob
 
 
 def sshsig_verify(data: bytes, armored: str, namespace: str = NAMESPACE) -> str:
@@ -153,7 +169,9 @@ def sshsig_verify(data: bytes, armored: str, namespace: str = NAMESPACE) -> str:
         raise SignatureError(f"unsupported SSHSIG version {version}", "sign again with `capture sign` or ssh-keygen -Y sign")
     public_blob = r.string()
     sig_namespace = r.string().decode("utf-8", "replace")
-    r.string()  # reserved: ignored, as ssh-keygen does; the signed data always has it empty
+    if r.string():  # ssh-keygen ignores it; capture wants the one encoding ssh-keygen writes
+        raise SignatureError("the signature's reserved field is not empty",
+                             "sign again with `capture sign` or `ssh-keygen -Y sign`")
     hash_alg = r.string().decode("utf-8", "replace")
     sig_blob = r.string()
     r.done()

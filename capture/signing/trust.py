@@ -1,66 +1,52 @@
 """Allowed-signers files (ssh-keygen ALLOWED SIGNERS, git's ``gpg.ssh.allowedSignersFile``): parsing and matching.
 
 ``PRINCIPALS [OPTIONS] KEYTYPE BASE64 [COMMENT]`` per line.
+
+Capture trusts exactly what ``ssh-keygen -Y verify`` (OpenSSH 9.2p1, ``sshsig.c``) trusts, and reads
+the file the way OpenSSH does, byte for byte (docs/trust.md lists the sources and every known
+difference):
+
+* lines end at ``\\n`` only (``getline``); a NUL byte ends the line (C strings); the file need not
+  be UTF-8;
+* a line that does not parse is skipped, as ``check_allowed_keys_line`` skips it; the other lines
+  still count (skipped lines are kept in :attr:`AllowedSigners.skipped`, as data);
+* fields are split by OpenSSH's own rules (``strdelimw``, ``sshkey_read``,
+  ``sshkey_advance_past_options``): the separators are ASCII space and tab (and CR/LF after the
+  principals), never a non-breaking space or any other Unicode white space;
+* principals and namespaces are ``match_pattern_list`` pattern-lists over bytes (``?`` is one
+  byte, a subpattern of 1,023 bytes or more never matches, case-sensitive), matched without
+  backtracking;
+* options as ``sshsigopt_parse`` reads them (names case-insensitive), times as
+  ``parse_absolute_time`` reads them (``strptime`` and ``mktime``/``timegm``);
+* the key is compared as a key (type and the 32 public bytes), not as base64 text.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as _dt
-import functools
 import os
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from capture.errors import SignatureError, UsageError
+from capture.errors import TrustError, UsageError
 from capture.paths import config_dir
-from capture.signing.sshsig import NAMESPACE, _KEY_TYPES, _Reader, fingerprint
+from capture.signing.openssh import (  # noqa: F401 - match_pattern, parse_absolute_time: public API
+    _ED25519, _ParsedLine, _bytes, _key_of, _match_pattern_list, _parse_line, match_pattern,
+    match_pattern_list, parse_absolute_time,
+)
+from capture.signing.sshsig import NAMESPACE, fingerprint
 
 
-# --------------------------------------------------------------------------- allowed signers
+# --------------------------------------------------------------------------- the file
 
 
-@functools.lru_cache(maxsize=256)
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.compile("".join(parts), re.DOTALL)
-
-
-def match_pattern_list(value: str, patterns: str) -> bool:
-    """ssh's ``match_pattern_list``: comma-separated ``*``/``?`` globs; a matching ``!`` pattern vetoes.
-
-    Case-sensitive, as ssh-keygen matches principals and namespaces.
-    """
-    positive = False
-    for pattern in patterns.split(","):
-        negated = pattern.startswith("!")
-        if negated:
-            pattern = pattern[1:]
-        if _pattern_regex(pattern).fullmatch(value):
-            if negated:
-                return False
-            positive = True
-    return positive
-
-
-def _parse_time(text: str) -> int:
-    """``YYYYMMDD[Z]`` or ``YYYYMMDDHHMM[SS][Z]`` to epoch seconds; local time unless it ends in Z."""
-    utc = text.endswith("Z")
-    digits = text[:-1] if utc else text
-    formats = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
-    if not digits.isdigit() or len(digits) not in formats:
-        raise ValueError(text)
-    when = _dt.datetime.strptime(digits, formats[len(digits)])
-    if utc:
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return int(when.timestamp())
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _allowed_signers_line(principal: str, public_key: str) -> str:
-    shown = f'"{principal}"' if re.search(r"\s", principal) else principal
+    shown = f'"{principal}"' if any(c in principal for c in " \t\r\n,") else principal
     return f'{shown} namespaces="{NAMESPACE}" {public_key}'
 
 
@@ -69,7 +55,7 @@ _KEY_NOT_LISTED = "key not listed"
 
 @dataclass(frozen=True)
 class AllowedSigner:
-    """One line of an allowed-signers file."""
+    """One line of an allowed-signers file that OpenSSH would use (an Ed25519 key)."""
 
     principals: str
     """Pattern-list of principals (``*``, ``?``, ``!`` negation), as in ssh_config PATTERNS."""
@@ -77,6 +63,7 @@ class AllowedSigner:
     """The raw options field ("" when absent)."""
     key_type: str
     key_b64: str
+    """The key's canonical base64 (the line may spell it differently; :attr:`key_raw` is compared)."""
     namespaces: str | None = None
     """Pattern-list from ``namespaces="..."``; None means any namespace."""
     cert_authority: bool = False
@@ -85,20 +72,23 @@ class AllowedSigner:
     valid_before_epoch_s: int | None = None
     source: str = ""
     """``file:line`` the entry came from."""
+    key_raw: bytes = b""
+    """The 32 public bytes of the Ed25519 key: what is compared."""
 
     @property
     def public_key(self) -> str:
         return f"{self.key_type} {self.key_b64}"
 
     def why_not(self, principal: str, public_key: str, namespace: str, now_epoch_s: int) -> str | None:
-        """None if this line trusts the signature, else the reason it does not."""
-        if public_key.split()[:2] != [self.key_type, self.key_b64]:
+        """None if this line trusts the signature, else the reason it does not (sshsig.c
+        ``check_allowed_keys_line``)."""
+        if _key_of(public_key) != self.key_raw:
             return _KEY_NOT_LISTED
         if self.cert_authority:
             return f"{self.source}: is a cert-authority line, which vouches only for certificates"
-        if not match_pattern_list(principal, self.principals):
+        if "\0" in principal or _match_pattern_list(_bytes(principal), _bytes(self.principals)) != 1:
             return f"{self.source}: lists the key for {self.principals!r}, not for principal {principal!r}"
-        if self.namespaces is not None and not match_pattern_list(namespace, self.namespaces):
+        if self.namespaces is not None and _match_pattern_list(_bytes(namespace), _bytes(self.namespaces)) != 1:
             return f"{self.source}: allows the key only for namespaces {self.namespaces!r}, not {namespace!r}"
         if self.valid_after_epoch_s is not None and now_epoch_s < self.valid_after_epoch_s:
             return f"{self.source}: the key is not valid yet (valid-after)"
@@ -107,104 +97,8 @@ class AllowedSigner:
         return None
 
 
-def _parse_options(opts: str, where: str) -> dict[str, object]:
-    out: dict[str, object] = {}
-    rest = opts
-    while rest:
-        lower = rest.lower()
-        if lower.startswith("cert-authority"):
-            out["cert_authority"] = True
-            rest = rest[len("cert-authority"):]
-        else:
-            for name in ("namespaces", "valid-after", "valid-before"):
-                if lower.startswith(name + "="):
-                    break
-            else:
-                raise UsageError(f"{where}: unsupported option in {opts!r}",
-                                 "options are cert-authority, namespaces=\"...\", valid-after=\"...\", valid-before=\"...\"")
-            if name in out:
-                raise UsageError(f"{where}: option {name} given twice", "keep one")
-            rest = rest[len(name) + 1:]
-            if not rest.startswith('"'):
-                raise UsageError(f"{where}: the value of {name} must be in double quotes", f'write {name}="..."')
-            end = rest.find('"', 1)
-            if end < 0:
-                raise UsageError(f"{where}: unterminated quote in option {name}", "close the double quote")
-            value = rest[1:end]
-            rest = rest[end + 1:]
-            if name == "namespaces":
-                out[name] = value
-            else:
-                try:
-                    out[name] = _parse_time(value)
-                except ValueError:
-                    raise UsageError(f"{where}: invalid {name} time {value!r}",
-                                     "use YYYYMMDD[Z] or YYYYMMDDHHMM[SS][Z]") from None
-        if not rest:
-            break
-        if not rest.startswith(",") or len(rest) == 1:
-            raise UsageError(f"{where}: options must be separated by single commas in {opts!r}",
-                             'e.g. namespaces="capture-manifest",valid-after="20250101"')
-        rest = rest[1:]
-    return out
-
-
-def _split_options(text: str) -> tuple[str, str]:
-    """Split at the first whitespace outside double quotes."""
-    quoted = False
-    for i, c in enumerate(text):
-        if c == '"':
-            quoted = not quoted
-        elif c in " \t" and not quoted:
-            return text[:i], text[i:].lstrip(" \t")
-    return text, ""
-
-
-def _parse_line(line: str, where: str) -> AllowedSigner | None:
-    text = line.strip(" \t\r\n")
-    if not text or text.startswith("#"):
-        return None
-    if text.startswith('"'):
-        end = text.find('"', 1)
-        if end < 0:
-            raise UsageError(f"{where}: unterminated quote in the principals", "close the double quote")
-        principals, rest = text[1:end], text[end + 1:]
-        if rest and rest[0] not in " \t":
-            raise UsageError(f"{where}: expected a space after the quoted principals", "separate the fields with spaces")
-    else:
-        principals, _, rest = text.replace("\t", " ").partition(" ")
-    rest = rest.lstrip(" \t")
-    if not principals:
-        raise UsageError(f"{where}: no principals", "each line is: PRINCIPALS [OPTIONS] ssh-ed25519 BASE64")
-    if not rest:
-        raise UsageError(f"{where}: missing key", "each line is: PRINCIPALS [OPTIONS] ssh-ed25519 BASE64")
-    options = ""
-    first = rest.split(None, 1)[0]
-    if first not in _KEY_TYPES:
-        options, rest = _split_options(rest)
-        if not rest:
-            raise UsageError(f"{where}: missing key after the options", "each line is: PRINCIPALS [OPTIONS] ssh-ed25519 BASE64")
-    fields = rest.split(None, 2)
-    if len(fields) < 2 or fields[0] not in _KEY_TYPES:
-        raise UsageError(f"{where}: invalid key {fields[0]!r}" if fields else f"{where}: missing key",
-                         "the key is a type and base64, e.g. ssh-ed25519 AAAAC3Nza...")
-    key_type, key_b64 = fields[0], fields[1]
-    try:
-        embedded = _Reader(base64.b64decode(key_b64, validate=True), "key").string().decode("ascii", "replace")
-    except (binascii.Error, SignatureError):
-        embedded = None
-    if embedded != key_type:
-        raise UsageError(f"{where}: invalid {key_type} key (bad base64 or wrong type inside)",
-                         "copy the key from the signer's .pub file")
-    parsed = _parse_options(options, where) if options else {}
-    return AllowedSigner(
-        principals=principals, options=options, key_type=key_type, key_b64=key_b64,
-        namespaces=parsed.get("namespaces"),  # type: ignore[arg-type]
-        cert_authority=bool(parsed.get("cert_authority", False)),
-        valid_after_epoch_s=parsed.get("valid-after"),  # type: ignore[arg-type]
-        valid_before_epoch_s=parsed.get("valid-before"),  # type: ignore[arg-type]
-        source=where,
-    )
+def _string(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
 
 
 @dataclass(frozen=True)
@@ -213,6 +107,9 @@ class AllowedSigners:
 
     path: str | None
     signers: tuple[AllowedSigner, ...]
+    skipped: tuple[str, ...] = field(default=())
+    """``file:line: reason`` for each line OpenSSH would skip (malformed, foreign key type): data
+    for a warning, never an error; the other lines still count, as in ssh-keygen."""
 
     @classmethod
     def empty(cls) -> AllowedSigners:
@@ -222,7 +119,7 @@ class AllowedSigners:
     def load(cls, path: str | os.PathLike[str]) -> AllowedSigners:
         p = Path(path)
         try:
-            text = p.read_bytes().decode("utf-8")
+            data = p.read_bytes()
         except FileNotFoundError:
             raise UsageError(f"{p}: no such allowed-signers file", "check the path given to --allowed-signers "
                              "or $CAPTURE_ALLOWED_SIGNERS") from None
@@ -230,17 +127,28 @@ class AllowedSigners:
             raise UsageError(f"{p}: is a folder, not an allowed-signers file", "name the file itself") from None
         except PermissionError:
             raise UsageError(f"{p}: permission denied", "make the allowed-signers file readable") from None
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", "an allowed-signers file is plain text") from None
-        signers = []
+        return cls.from_bytes(data, str(p))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str = "allowed_signers") -> AllowedSigners:
+        signers, skipped = [], []
         # OpenSSH reads the file with getline(3): a line ends at "\n" and nowhere else. str.splitlines
         # also breaks at \r, \v, \f, \x1c-\x1e, U+0085, U+2028 and U+2029, which would let a comment
         # that a reviewer sees on one line smuggle in a second entry.
-        for number, line in enumerate(text.split("\n"), start=1):
-            entry = _parse_line(line, f"{p}:{number}")
-            if entry is not None:
-                signers.append(entry)
-        return cls(str(p), tuple(signers))
+        for number, line in enumerate(data.split(b"\n"), start=1):
+            where = f"{path}:{number}"
+            parsed, why = _parse_line(line)
+            if parsed is None:
+                if why:
+                    skipped.append(f"{where}: {why}")
+                continue
+            o = parsed.parsed
+            signers.append(AllowedSigner(
+                principals=_text(parsed.principals), options=_text(parsed.options), key_type="ssh-ed25519",
+                key_b64=base64.b64encode(_string(_ED25519) + _string(parsed.key)).decode(), namespaces=None if o.namespaces is None else _text(o.namespaces),
+                cert_authority=o.cert_authority, valid_after_epoch_s=o.valid_after or None,
+                valid_before_epoch_s=o.valid_before or None, source=where, key_raw=parsed.key))
+        return cls(path, tuple(signers), tuple(skipped))
 
     @staticmethod
     def _now(now: _dt.datetime | float | None) -> int:
@@ -260,19 +168,43 @@ class AllowedSigners:
                 now: _dt.datetime | float | None = None) -> str:
         """Why :meth:`is_trusted` says no, in one line (the lines that list the key come first)."""
         where = self.path or "the allowed signers"
+        skipped = f" ({len(self.skipped)} line(s) skipped as malformed: {self.skipped[0]})" if self.skipped else ""
         if not self.signers:
-            return f"{where} lists no signers"
+            return f"{where} lists no signers{skipped}"
         t = self._now(now)
         reasons = [s.why_not(principal, public_key_line, namespace, t) for s in self.signers]
         specific = [r for r in reasons if r and r != _KEY_NOT_LISTED]
         if specific:
             return specific[0]
-        return f"key {fingerprint(public_key_line)} is not listed in {where}"
+        return f"key {fingerprint(public_key_line)} is not listed in {where}{skipped}"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve(strict=False).relative_to(folder.resolve(strict=False))
+    except ValueError:
+        return False
+    return True
+
+
+def refuse_escaping_link(candidate: Path, folder: Path) -> None:
+    """A discovered allowed-signers file (or its ``.capture`` folder) that is a symlink must stay
+    inside the folder it was found in: a results repository's trust never comes from outside it."""
+    links = [p for p in (candidate.parent, candidate) if p != folder and p.is_symlink()]
+    if links and not _inside(candidate, folder):
+        raise TrustError(f"{links[0]}: is a symlink to {os.path.realpath(candidate)}, outside {folder}; "
+                         "refusing to trust signers from outside the folder",
+                         f"replace the link with a regular file holding the allowed signers, committed in {folder}")
 
 
 def find_allowed_signers(manifest_path: str | os.PathLike[str], explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """--allowed-signers > $CAPTURE_ALLOWED_SIGNERS > ``allowed_signers`` or ``.capture/allowed_signers``
-    in the manifest's folder or a parent > ``~/.config/capture/allowed_signers``; None if none exists."""
+    in the manifest's folder or a parent > ``~/.config/capture/allowed_signers``; None if none exists.
+
+    A discovered file that is a symlink (or sits in a ``.capture`` symlink) pointing outside the
+    folder it was found in is refused (:class:`TrustError`, exit 4); an explicit path is the
+    caller's choice and is used as given.
+    """
     if explicit:
         return Path(explicit)
     env = os.environ.get("CAPTURE_ALLOWED_SIGNERS", "")
@@ -283,6 +215,7 @@ def find_allowed_signers(manifest_path: str | os.PathLike[str], explicit: str | 
         for name in ("allowed_signers", ".capture/allowed_signers"):
             candidate = candidate_dir / name
             if candidate.is_file():
+                refuse_escaping_link(candidate, candidate_dir)
                 return candidate
     home = config_dir() / "allowed_signers"
     return home if home.is_file() else None
