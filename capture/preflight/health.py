@@ -209,6 +209,11 @@ def check_clocks(h: DeviceHealth) -> Check:
         low.append("SM")
     if h.mem_clock_mhz is not None and h.mem_clock_max_mhz and h.mem_clock_mhz < MEM_CLOCK_WARN_BELOW * h.mem_clock_max_mhz:
         low.append("memory")
+    capped = h.throttle_reasons is not None and "sw_power_cap" in h.throttle_reasons
+    at_default = h.power_limit_w is not None and (h.power_default_w is None or h.power_limit_w >= h.power_default_w - 0.5)
+    if low and capped and at_default and low == ["SM"]:
+        return Check("clocks", PASS, f"under load: {sm}{mem}; held by the power limit (sw_power_cap) at its default, "
+                     "as a dense GEMM does", device=h.index, value=h.sm_clock_mhz, unit="MHz", expected=expected)
     if low:
         return Check("clocks", WARN, f"{' and '.join(low)} clock low under load: {sm}{mem}", device=h.index,
                      value=h.sm_clock_mhz, unit="MHz", expected=expected)
