@@ -59,7 +59,7 @@ def _verified(path: Path, tmp_path: Path) -> dict:
 
 def _break_allreduce(monkeypatch) -> None:
     """A real failure: the gloo workers get 10 ms to finish, are killed, and the check fails."""
-    import capture.preflight.stage as stage
+    from capture.preflight import stage
 
     monkeypatch.setattr(stage, "TIMEOUT_S", {"quick": 0.01, "full": 0.01})
 

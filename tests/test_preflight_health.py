@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +311,7 @@ def _mi300x_answers() -> list[dict[str, Any]]:
     out = []
     for i in range(4):
         def field(label: str) -> str:
-            m = re.search(rf"^GPU\[{i}\]\s*: {re.escape(label)}:?\s*(.*?)\s*$", text, re.M)
+            m = re.search(rf"^GPU\[{i}\]\s*: {re.escape(label)}:?\s*(.*?)\s*$", text, re.MULTILINE)
             assert m, label
             return m.group(1)
         # levels "S" (sleep), 0, 1, ...; "*" marks the current one
@@ -354,9 +352,9 @@ def test_mi300a_static_limits_and_link(monkeypatch: pytest.MonkeyPatch) -> None:
     text = (FIX / "real-world" / "amd-smi-static-mi300a-x4.txt").read_text()
     gpus = gpus_from_amd_smi_static(text)
     answers = []
-    for block in re.split(r"^GPU: \d+\n", text, flags=re.M)[1:]:
+    for block in re.split(r"^GPU: \d+\n", text, flags=re.MULTILINE)[1:]:
         def f(key: str) -> str:
-            return re.search(rf"^\s*{key}: (.*)$", block, re.M).group(1).strip()
+            return re.search(rf"^\s*{key}: (.*)$", block, re.MULTILINE).group(1).strip()
         watts = int(f("SOCKET_POWER").split()[0])
         answers.append({
             "power_cap_info": {"power_cap": watts * 10**6, "max_power_cap": int(f("MAX_POWER").split()[0]) * 10**6},

@@ -52,7 +52,7 @@ class Sku:
     healthy: dict[str, Range] = field(default_factory=dict)
 
     def matches(self, device_name: str) -> bool:
-        return re.search(self.match, device_name, re.I) is not None
+        return re.search(self.match, device_name, re.IGNORECASE) is not None
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def gemm(torch: Any, device: Any, sizes: Sizes, during: Callable[[float], None] 
         b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
         c = torch.empty(n, n, device=device, dtype=dtype)
         timer = Timer(torch, device)
-        product = lambda: torch.matmul(a, b, out=c)  # noqa: E731
+        product = lambda: torch.matmul(a, b, out=c)
         burst = timer.burst_s(product) if gpu else None
         t, iters = timer.per_call_s(product, sizes.gemm_s, during)
         rows = min(128, n)
@@ -147,7 +148,7 @@ def gemm(torch: Any, device: Any, sizes: Sizes, during: Callable[[float], None] 
     except RuntimeError as exc:
         return Figure(name, None, "TFLOP/s", idx, error=_one_line(exc))
     finally:
-        a = b = c = None  # noqa: F841 - give the memory back before the next figure
+        a = b = c = None
     flop = 2 * n**3
     detail = f"{'bf16' if gpu else 'fp32'} {n}x{n}x{n} sustained: {iters} products in {t * iters:.2f} s"
     if burst:
@@ -173,7 +174,7 @@ def device_copy(torch: Any, device: Any, sizes: Sizes) -> Figure:
     except RuntimeError as exc:
         return Figure(name, None, "GB/s", idx, error=_one_line(exc))
     finally:
-        x = y = None  # noqa: F841
+        x = y = None
     detail = f"{nbytes / 2**30:.2f} GiB buffer, {iters} copies; read + write counted"
     return Figure(name, 2 * nbytes / t / 1e9, "GB/s", idx, iters, t * iters, detail,
                   error=None if ok else "the copy does not match its source", wrong=not ok)
@@ -203,7 +204,7 @@ def host_copies(torch: Any, device: Any, sizes: Sizes) -> list[Figure]:
                               f"{nbytes / 2**30:.2f} GiB pinned buffer, {iters} copies",
                               error=None if ok else "the copy does not match its source", wrong=not ok))
     finally:
-        host = dev = None  # noqa: F841
+        host = dev = None
     return out
 
 
@@ -245,7 +246,7 @@ def peer_copies(torch: Any, count: int, sizes: Sizes, all_pairs: bool = False) -
         except RuntimeError as exc:
             fig = Figure("p2p", None, "GB/s", i, detail=f"cuda:{i} -> cuda:{j}", error=_one_line(exc))
         finally:
-            src = dst = None  # noqa: F841
+            src = dst = None
         out.append((fig, peer))
     return out
 

@@ -260,7 +260,7 @@ def parse_smi_xml_health(text: str) -> list[DeviceHealth]:
             ecc_volatile_uncorrected=unc(vol),
             ecc_volatile_corrected=_i(_t(vol, "dram_correctable")),
             ecc_aggregate_uncorrected=unc(agg),
-            retired_pages_supported=False if retired_pending is None and None in counts else True,
+            retired_pages_supported=not (retired_pending is None and None in counts),
             retired_pages_pending=_yes(retired_pending),
             retired_pages_count=sum(counts) if None not in counts else None,  # type: ignore[arg-type]
             remapped_rows_supported=True if rows_known else (False if rows is not None else None),

@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from capture.errors import PreflightFailed, UsageError
 from capture.preflight import perf
 from capture.preflight.allreduce import TIMEOUT_S, run_allreduce
-from capture.preflight.catalog import PreflightCatalog, Range, Sku, default_ranges, load_catalog, pcie_bytes_per_s
-from capture.preflight.checks import FAIL, MODES, PASS, SKIPPED, WARN, Check, PreflightResult
+from capture.preflight.catalog import (
+    PreflightCatalog,
+    Range,
+    Sku,
+    default_ranges,
+    load_catalog,
+    pcie_bytes_per_s,
+)
+from capture.preflight.checks import (
+    FAIL,
+    MODES,
+    PASS,
+    SKIPPED,
+    WARN,
+    Check,
+    PreflightResult,
+)
 from capture.preflight.health import DeviceHealth, health_checks
 from capture.preflight.readers import HealthSource, open_source
 
