@@ -379,6 +379,26 @@ def test_mi300a_static_limits_and_link(monkeypatch: pytest.MonkeyPatch) -> None:
     assert v["pcie_link"] == "pass" and v["power_limit"] == "pass" and v["partition"] == "pass"
 
 
+def test_mi300a_through_the_amd_smi_json_fallback(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """amdsmi cannot load: the real ``amd-smi`` fallback path runs a tool on PATH printing the
+    MI300A capture as ``amd-smi static --json`` would."""
+    from capture.preflight.readers import AmdSmiCliSource
+    from tests.fakes import amd_smi_static_text_to_json, write_tool
+
+    text = (FIX / "real-world" / "amd-smi-static-mi300a-x4.txt").read_text()
+    write_tool(tmp_path / "bin", "amd-smi", {"static --json": json.dumps(amd_smi_static_text_to_json(text))})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    health = AmdSmiCliSource("amdsmi is not installed").read()
+    assert len(health) == 4
+    h = health[0]
+    assert (h.name, h.power_limit_w, h.power_max_w, h.pcie_gen_max, h.pcie_width_max) == ("MI300A", 550, 550, 5, 16)
+    assert h.temperature_slowdown_c == 100 and h.partition == "SPX/NPS1"
+    checks = {c.name: c for c in health_checks(h, CATALOG.match(h.name))}
+    assert checks["ecc_mode"].verdict == "warn"  # RAS ECC_BLOCK_STATE UMC: DISABLED on this node
+    assert checks["power_limit"].verdict == "pass" and checks["partition"].verdict == "pass"
+    assert checks["pcie_link"].verdict == "skipped" and checks["clocks"].verdict == "skipped"  # static has no live readings
+
+
 # --------------------------------------------------------------------------- scenarios at the binding
 
 

@@ -1,4 +1,5 @@
-"""Read each device's health fields from its driver: NVML, else ``nvidia-smi -q -x``; amdsmi.
+"""Read each device's health fields from its driver: NVML, else ``nvidia-smi -q -x``; amdsmi, else
+``amd-smi static --json`` (the same fallbacks capture.probes uses).
 
 Behind one small interface, :class:`HealthSource`: ``read()`` gives one
 :class:`~capture.preflight.health.DeviceHealth` per visible device, ``read_load(previous)``
@@ -454,6 +455,71 @@ class AmdSmiSource:
         shutdown_amdsmi(self.smi)
 
 
+# --------------------------------------------------------------------------- amd-smi static --json (fallback)
+
+
+def parse_amd_smi_static_health(text: str) -> list[DeviceHealth]:
+    """``amd-smi static --json``: limits, the PCIe link's maximum, slowdown temperature, RAS ECC
+    state and partition. It has no live readings (clocks, current link, temperature, error counts),
+    so those checks are skipped on this fallback."""
+    import json
+
+    start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=-1)
+    try:
+        data = json.loads(text[start:]) if start >= 0 else None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"amd-smi static --json printed invalid JSON ({exc.msg})") from None
+    if isinstance(data, dict):
+        data = data.get("gpu_data", [data] if "gpu" in data else [])
+    if not isinstance(data, list):
+        raise ValueError("amd-smi static --json printed no list of GPUs")
+    out = []
+    for pos, g in enumerate(d for d in data if isinstance(d, dict)):
+        asic, bus, limit = g.get("asic") or {}, g.get("bus") or {}, g.get("limit") or {}
+        part = g.get("partition") or {}
+        umc = ((g.get("ras") or {}).get("ecc_block_state") or {}).get("umc")
+        version = re.search(r"(\d+)", str(bus.get("pcie_interface_version", "")))
+        gen = _pcie_gen(bus.get("max_pcie_speed")) or (int(version.group(1)) if version else None)
+        width = _amd_unit(bus.get("max_pcie_width"))
+        partition = "/".join(str(part[k]) for k in ("compute_partition", "memory_partition") if part.get(k) not in (None, "N/A"))
+        out.append(DeviceHealth(
+            index=g["gpu"] if isinstance(g.get("gpu"), int) else pos,
+            name=str(asic["market_name"]) if asic.get("market_name") else None,
+            source="amd-smi static --json",
+            ecc_enabled=None if umc is None else umc == "ENABLED",
+            power_limit_w=_amd_unit(limit.get("socket_power") or limit.get("power_cap")),
+            power_min_w=_amd_unit(limit.get("min_power")),
+            power_max_w=_amd_unit(limit.get("max_power")),
+            pcie_gen_max=gen,
+            pcie_width_max=int(width) if width else None,
+            temperature_slowdown_c=_amd_unit(limit.get("slowdown_hotspot_temperature")),
+            partition=partition or None,
+        ))
+    return out
+
+
+class AmdSmiCliSource:
+    """The fallback when the amdsmi library cannot load: ``amd-smi static --json``, read once."""
+
+    def __init__(self, why: str) -> None:
+        from capture.probes.amd import run_amd_smi
+
+        self.why = why
+        text, err = run_amd_smi(["static", "--json"])
+        if text is None:
+            raise ValueError(err)
+        self.health = parse_amd_smi_static_health(text)
+
+    def read(self) -> list[DeviceHealth]:
+        return list(self.health)
+
+    def read_load(self, previous: list[DeviceHealth]) -> list[DeviceHealth]:
+        return previous
+
+    def close(self) -> None:
+        pass
+
+
 # --------------------------------------------------------------------------- choose
 
 
@@ -478,7 +544,10 @@ def open_source(kind: str) -> tuple[HealthSource | None, str | None]:
         from capture.probes.amd import load_amdsmi
 
         smi, why = load_amdsmi()
-        if smi is None:
-            return None, why
-        return AmdSmiSource(smi), None
+        if smi is not None:
+            return AmdSmiSource(smi), None
+        try:
+            return AmdSmiCliSource(why or "amdsmi unavailable"), None
+        except ValueError as exc:
+            return None, f"{why}; {exc}"
     return None, "no GPU"
