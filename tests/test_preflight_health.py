@@ -504,3 +504,26 @@ def test_recorded_h200_figures_sit_inside_the_documented_range() -> None:
             assert rng.verdict(figures[name]["value"] / (ref * scale)) == "pass", (label, name)
         if label != "first run (json)":  # made by the final code: every check passed there
             assert run["verdict"] == "pass" and run["device_kind"] == "cuda", label
+
+
+def test_peer_pairs_for_any_number_of_gpus() -> None:
+    assert perf.peer_pairs(1) == []
+    assert perf.peer_pairs(2) == [(0, 1), (1, 0)]
+    assert perf.peer_pairs(4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert len(perf.peer_pairs(8, all_pairs=True)) == 56 and (7, 0) in perf.peer_pairs(8)
+
+
+@pytest.mark.parametrize("n,factor", [(2, 1.0), (4, 1.5), (8, 1.75)])
+def test_allreduce_check_uses_bus_bandwidth(n: int, factor: float) -> None:
+    from capture.preflight.allreduce import AllReduce, bus_bandwidth
+    from capture.preflight.stage import _allreduce_check
+
+    nbytes, seconds = 256 * 2**20, 0.002
+    algbw, busbw = bus_bandwidth(nbytes, seconds, n)
+    assert busbw == pytest.approx(algbw * factor)
+    r = AllReduce(n, "nccl", nbytes, 10, seconds, algbw, busbw, True)
+    c = _allreduce_check(r, H200.interconnect_bytes_per_s, H200.healthy["allreduce"], "H200 NVLink")
+    assert c.value == pytest.approx(busbw / 1e9, rel=1e-3) and c.unit == "GB/s"
+    assert c.verdict == H200.healthy["allreduce"].verdict(busbw / H200.interconnect_bytes_per_s)
+    broken = AllReduce(n, "nccl", nbytes, 10, error="rank exited 1: NCCL error")
+    assert _allreduce_check(broken, H200.interconnect_bytes_per_s, H200.healthy["allreduce"], "x").verdict == "fail"

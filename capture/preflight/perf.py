@@ -208,15 +208,23 @@ def host_copies(torch: Any, device: Any, sizes: Sizes) -> list[Figure]:
     return out
 
 
+def peer_pairs(count: int, all_pairs: bool = False) -> list[tuple[int, int]]:
+    """The ring 0->1->...->n-1->0 (both directions of the one pair when n = 2), or every ordered pair."""
+    if count < 2:
+        return []
+    if all_pairs:
+        return [(i, j) for i in range(count) for j in range(count) if i != j]
+    return [(0, 1), (1, 0)] if count == 2 else [(i, (i + 1) % count) for i in range(count)]
+
+
 def peer_copies(torch: Any, count: int, sizes: Sizes, all_pairs: bool = False) -> list[tuple[Figure, bool]]:
     """Device i -> device j copies, GB/s one direction, with whether peer access is possible.
 
     ``--quick`` measures the ring 0->1->...->n-1->0 (each device sends once); ``--full`` every
     ordered pair.
     """
-    pairs = [(i, j) for i in range(count) for j in range(count) if i != j] if all_pairs else \
-        [(i, (i + 1) % count) for i in range(count)] if count > 2 else [(0, 1), (1, 0)][: 2 if count == 2 else 0]
     out = []
+    pairs = peer_pairs(count, all_pairs)
     nbytes = min(sizes.host_bytes, 2**30)
     for i, j in pairs:
         src_dev, dst_dev = torch.device("cuda", i), torch.device("cuda", j)
