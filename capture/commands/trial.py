@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--micro-batch", type=int, metavar="N", help="micro-batch size")
     g = p.add_argument_group("stages")
     g.add_argument("--no-recovery", action="store_true", help="skip the checkpoint-restore check")
+    g.add_argument("--no-preflight", action="store_true", help="skip the preflight health and performance checks")
+    g.add_argument("--preflight-full", action="store_true", help="run the longer --full preflight instead of --quick")
+    g.add_argument("--ignore-preflight-failure", action="store_true",
+                   help="go on with the trial when a preflight check fails (the failure stays in the manifest)")
     g.add_argument("--no-report", action="store_true", help="no terminal summary and no HTML report")
     g.add_argument("--find-max-batch", action="store_true",
                    help="search the largest micro-batch that completes full steps with the headroom free")
@@ -120,6 +124,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         code=Path(args.code) if args.code else None,
         overrides={k: v for k, v in overrides.items() if v is not None},
         scaling_args=args if args.nproc else None,
+        preflight=None if args.no_preflight else ("full" if args.preflight_full else "quick"),
+        ignore_preflight_failure=args.ignore_preflight_failure,
     )
     outcome = run_trial(config, opts, timer)
     if outcome.terminal:

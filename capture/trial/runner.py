@@ -70,6 +70,9 @@ class TrialOptions:
     key: Path | None = None
     principal: str | None = None
     recovery: bool = True
+    preflight: str | None = "quick"
+    """The preflight stage's mode (quick/full), None to skip it (--no-preflight)."""
+    ignore_preflight_failure: bool = False
     report: bool = True
     find_max_batch: bool = False
     headroom: float = DEFAULT_HEADROOM
@@ -209,6 +212,12 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             overhead, overhead_src = devmem.rss_bytes(), "RSS of this process after importing the framework, before the model"
         name = device_name(device)
     tested_card = catalog.match(name)
+    if opts.preflight:  # first measured stage; a failed check writes fingerprint + [preflight] and stops (exit 5)
+        from capture.preflight.stage import trial_preflight
+
+        with timer.phase("preflight"):
+            trial_preflight(manifest, device, opts.preflight, opts.ignore_preflight_failure,
+                            lambda: write_manifest(output, manifest, opts.key, opts.principal), say)
 
     trial: dict[str, Any] = {"config_source": config.source, "config_toml": config.source_text}
     if opts.overrides:
