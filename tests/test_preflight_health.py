@@ -26,7 +26,7 @@ from capture.preflight.catalog import load_catalog
 from capture.preflight.health import DeviceHealth, health_checks
 from capture.preflight.readers import AmdSmiSource, NvmlSource, parse_smi_xml_health
 from capture.preflight.stage import judge
-from tests.fakes import (
+from fakes import (
     AMDSMI_STATUS_NOT_SUPPORTED,
     gpus_from_amd_smi_static,
     gpus_from_rocm_smi_and_rocminfo,
@@ -161,7 +161,7 @@ def h200_fake(idle: dict[str, Any] | None = None, load: dict[str, Any] | None = 
     """The real H200 answers, with ``idle``/``load`` entries replaced (a scenario at the binding)."""
     rec = json.loads(H200_CALLS.read_text())
     system = {"driver": rec["driver"], "cuda": 13000}
-    from tests.fakes import FakeGpu
+    from fakes import FakeGpu
 
     gpu = FakeGpu(name=rec["idle"]["nvmlDeviceGetName()"], uuid="GPU-260c4f31-7270-c299-6b83-dea31efee481",
                   ecc=tuple(rec["idle"]["nvmlDeviceGetEccMode()"]), mig=tuple(rec["idle"]["nvmlDeviceGetMigMode()"]),
@@ -383,7 +383,7 @@ def test_mi300a_through_the_amd_smi_json_fallback(tmp_path, monkeypatch: pytest.
     """amdsmi cannot load: the real ``amd-smi`` fallback path runs a tool on PATH printing the
     MI300A capture as ``amd-smi static --json`` would."""
     from capture.preflight.readers import AmdSmiCliSource
-    from tests.fakes import amd_smi_static_text_to_json, write_tool
+    from fakes import amd_smi_static_text_to_json, write_tool
 
     text = (FIX / "real-world" / "amd-smi-static-mi300a-x4.txt").read_text()
     write_tool(tmp_path / "bin", "amd-smi", {"static --json": json.dumps(amd_smi_static_text_to_json(text))})
