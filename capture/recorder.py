@@ -247,6 +247,11 @@ class Recorder:
         """Add host time spent waiting for input to the current step (for loops that fetch elsewhere)."""
         self._wait_now += max(0.0, float(seconds))
 
+    @property
+    def last_mark_s(self) -> float:
+        """``perf_counter()`` at the last step boundary or resume (host time)."""
+        return self._last_mark_host_s
+
     def since_last_mark_s(self) -> float:
         """Host seconds since the last step boundary or resume (callbacks use it as data wait)."""
         return time.perf_counter() - self._last_mark_host_s
@@ -269,7 +274,8 @@ class Recorder:
         """Start the next step's clock here: the time since the last boundary is not a step."""
         self._mark(False)
 
-    def _synced_now(self) -> float:
+    def synced_now(self) -> float:
+        """``perf_counter()`` after the device has finished its queued work (no sync on a CPU)."""
         if self.device.type == "cuda":
             import torch
 
@@ -296,20 +302,20 @@ class Recorder:
     @contextlib.contextmanager
     def validation(self) -> Iterator[None]:
         """``with rec.validation(): evaluate()``: timed with the device synced on both sides."""
-        t0 = self._synced_now()
+        t0 = self.synced_now()
         try:
             yield
         finally:
-            self.add_validation(self._synced_now() - t0)
+            self.add_validation(self.synced_now() - t0)
 
     @contextlib.contextmanager
     def checkpoint(self, path: str | os.PathLike[str] | None = None) -> Iterator[None]:
         """``with rec.checkpoint("ckpt/"): save()``: timed with the device synced on both sides."""
-        t0 = self._synced_now()
+        t0 = self.synced_now()
         try:
             yield
         finally:
-            self.add_checkpoint(self._synced_now() - t0, path)
+            self.add_checkpoint(self.synced_now() - t0, path)
 
     def stop(self, exc: BaseException | None = None) -> RecorderResult:
         """End recording and compute the result (what leaving the ``with`` block does)."""
