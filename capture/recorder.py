@@ -31,7 +31,6 @@ are thin layers over the methods below.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import sys
@@ -411,23 +410,15 @@ class Recorder:
             return None
         out = Path(path)
         if report:
-            trial["report"] = _report(manifest, out.with_suffix(".html"))
+            from capture.integrations.html import report_table
+
+            trial["report"] = report_table(manifest, out.with_suffix(".html"))
         else:
             trial["report"] = {"skipped": "report=False"}
         _write_signed(out, manifest, key, principal)
         for tracker in trackers:
             tracker.log(out, trial)
         return out
-
-
-def _report(manifest: dict[str, Any], html_path: Path) -> dict[str, Any]:
-    from capture.integrations.html import write_report_html
-
-    try:
-        write_report_html(manifest, html_path)
-    except OSError as exc:
-        return {"skipped": f"HTML report not written ({exc})"}
-    return {"html": html_path.name, "html_sha256": hashlib.sha256(html_path.read_bytes()).hexdigest()}
 
 
 def _write_signed(path: Path, manifest: dict[str, Any], key: str | os.PathLike[str] | None, principal: str | None) -> None:

@@ -7,6 +7,7 @@ entry points move, re-point :func:`write_report_html` and nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import html
 from pathlib import Path
 from typing import Any, Mapping
@@ -61,3 +62,12 @@ def write_report_html(manifest: Mapping[str, Any], path: Path) -> Path:
         page = page.replace("\n</body></html>", "\n" + extra + "\n</body></html>", 1)
     atomic_write(Path(path), page.encode("utf-8"))
     return Path(path)
+
+
+def report_table(manifest: Mapping[str, Any], html_path: Path) -> dict[str, Any]:
+    """Write the report beside the manifest; the ``[trial.report]`` table that names it."""
+    try:
+        write_report_html(manifest, html_path)
+    except OSError as exc:
+        return {"skipped": f"HTML report not written ({exc})"}
+    return {"html": html_path.name, "html_sha256": hashlib.sha256(html_path.read_bytes()).hexdigest()}
