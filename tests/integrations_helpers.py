@@ -10,6 +10,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+EXAMPLES = ROOT / "examples"
 
 
 def child_env(home: Path, **extra: str) -> dict[str, str]:
@@ -51,12 +52,3 @@ def read_signed(path: Path, home: Path) -> dict[str, Any]:
     _info, body = signing.verify_signed_bytes(path.read_bytes(), allowed, str(path))
     return mf.parse_body(body, str(path))
 
-
-def tiny_gpt2(vocab: int = 128, seq: int = 16) -> Any:
-    """A 2-layer GPT-2 built from its config: no download."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=32, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0))
-    model.loss_type = "ForCausalLM"
-    return model

@@ -9,10 +9,9 @@ import subprocess
 import sys
 import time
 
-import pytest
+from integrations_helpers import SCRIPTS, child_env, read_signed, verify
 
 from capture.exec import hash_outputs, redact_argv
-from integrations_helpers import ROOT, SCRIPTS, child_env, read_signed, verify
 
 
 def _exec(args, home, cwd, **kw):
@@ -54,7 +53,7 @@ def test_sigterm_is_forwarded_to_the_command_and_recorded(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=60)
+    _stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     e = read_signed(run, tmp_path)["exec"]
     assert e["signal"] == "SIGTERM" and e["exit_code"] == 143 and e["wall_time_s"] < 60

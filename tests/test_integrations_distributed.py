@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from integrations_helpers import SCRIPTS, child_env, read_signed, torchrun, verify
 
 from capture.integrations.distributed import stack_differences, summarize_ranks
-from integrations_helpers import SCRIPTS, child_env, read_signed, torchrun, verify
 
 
 def _fake_dist(root, name: str, version: str):

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from integrations_helpers import SCRIPTS, child_env, read_signed, torchrun, verify  # noqa: E402
+from integrations_helpers import EXAMPLES, child_env, read_signed, torchrun, verify
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def _home(tmp_path, monkeypatch):
 
 def test_trainer_fine_tune_writes_a_signed_manifest_with_what_the_trainer_knows(tmp_path, capsys):
     out = tmp_path / "hf.toml"
-    script = runpy.run_path(str(SCRIPTS / "hf_train.py"))
+    script = runpy.run_path(str(EXAMPLES / "hf_trainer_example.py"))
     script["main"]([str(out), str(tmp_path / "work")])
     assert "token_id" not in capsys.readouterr().err
     verify(out, tmp_path, tmp_path)
@@ -40,7 +40,7 @@ def test_trainer_fine_tune_writes_a_signed_manifest_with_what_the_trainer_knows(
 
 def test_trainer_under_torchrun_two_ranks_one_manifest(tmp_path):
     out = tmp_path / "hf2.toml"
-    res = torchrun([str(SCRIPTS / "hf_train.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)
+    res = torchrun([str(EXAMPLES / "hf_trainer_example.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert list(tmp_path.glob("*.toml")) == [out]
     verify(out, tmp_path, tmp_path)

@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from capture.integrations.lightning import precision_name  # noqa: E402
-from integrations_helpers import SCRIPTS, child_env, read_signed, torchrun, verify  # noqa: E402
+from integrations_helpers import EXAMPLES, child_env, read_signed, torchrun, verify
+
+from capture.integrations.lightning import precision_name
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +23,7 @@ def _home(tmp_path, monkeypatch):
 
 def test_fit_writes_a_signed_manifest_with_steps_validation_and_checkpoints(tmp_path):
     out = tmp_path / "pl.toml"
-    runpy.run_path(str(SCRIPTS / "lightning_fit.py"))["main"]([str(out), str(tmp_path / "work")])
+    runpy.run_path(str(EXAMPLES / "lightning_example.py"))["main"]([str(out), str(tmp_path / "work")])
     verify(out, tmp_path, tmp_path)
     t = read_signed(out, tmp_path)["trial"]
     run = t["run"]
@@ -36,7 +37,7 @@ def test_fit_writes_a_signed_manifest_with_steps_validation_and_checkpoints(tmp_
 
 def test_fit_under_torchrun_ddp_two_ranks_one_manifest(tmp_path):
     out = tmp_path / "pl2.toml"
-    res = torchrun([str(SCRIPTS / "lightning_fit.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)
+    res = torchrun([str(EXAMPLES / "lightning_example.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert list(tmp_path.glob("*.toml")) == [out]
     verify(out, tmp_path, tmp_path)

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from capture import Recorder
-from capture.integrations.trackers import MLflow, TensorBoard, WandB, step_series, summary_scalars
+from capture.integrations.trackers import (
+    MLflow,
+    TensorBoard,
+    WandB,
+    step_series,
+    summary_scalars,
+)
 
 
 @pytest.fixture(scope="module")

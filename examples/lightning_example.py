@@ -1,18 +1,25 @@
-"""A tiny Lightning fit with capture's callback (CPU; a GPT-2 built from its config).
+"""A Lightning fit recorded by capture's callback (a tiny GPT-2 built from its config; CPU).
 
-    python tests/scripts/lightning_fit.py OUT.toml WORKDIR        (or under torchrun: DDP on gloo)
+    python examples/lightning_example.py [OUT.toml [WORKDIR]]
+    torchrun --nproc-per-node 2 examples/lightning_example.py run.toml work    # DDP: rank 0 writes one manifest
+
+Writes OUT.toml (signed with your default key) and OUT.html. Needs `pip install 'capture[lightning]'`.
 """
 
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from integrations_helpers import tiny_gpt2  # noqa: E402
+def tiny_gpt2() -> GPT2LMHeadModel:
+    """A 2-layer GPT-2 built from its config: nothing is downloaded."""
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                       bos_token_id=0, eos_token_id=0))
+    model.loss_type = "ForCausalLM"  # GPT-2 names no loss type; transformers 5 warns unless one is set
+    return model
 
 
 def main(argv: list[str], trackers: tuple = ()) -> object:
@@ -37,7 +44,8 @@ def main(argv: list[str], trackers: tuple = ()) -> object:
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    out, workdir = argv[0], argv[1]
+    out = argv[0] if argv else "lightning-example.toml"
+    workdir = argv[1] if len(argv) > 1 else "lightning-example-work"
     torch.manual_seed(0)
     ids = torch.randint(1, 128, (64, 16), generator=torch.Generator().manual_seed(0))
     train = torch.utils.data.DataLoader(ids, batch_size=2)
