@@ -156,7 +156,7 @@ def run_exec(argv: Sequence[str], output: Path | None = None, outputs: Sequence[
     from capture.fingerprint import collect
     from capture.probes import ProbeOptions
 
-    say = say or (lambda msg: sys.stderr.write(f"capture: {msg}\n"))
+    tell: Callable[[str], object] = say or (lambda msg: sys.stderr.write(f"capture: {msg}\n"))
     output = Path(output) if output else default_output()
     key_path = _check_before(argv, output, key)
     manifest = collect(ProbeOptions(progress=False), kind="trial")
@@ -177,7 +177,7 @@ def run_exec(argv: Sequence[str], output: Path | None = None, outputs: Sequence[
         ended_utc = _utc()
         sig_name = signal.Signals(-returncode).name if returncode < 0 else None
         exit_code = 128 - returncode if returncode < 0 else returncode
-        say(f"command ended: {'signal ' + sig_name if sig_name else f'exit status {exit_code}'} after {wall:.1f} s")
+        tell(f"command ended: {'signal ' + sig_name if sig_name else f'exit status {exit_code}'} after {wall:.1f} s")
         hashed = hash_outputs(outputs)
         from capture.integrations import exec_side
 

@@ -8,7 +8,7 @@ import sys
 from capture.errors import UsageError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "exec", help="fingerprint, run a command unchanged, record its exit status, time and outputs, sign",
         description="Run CMD unchanged (signals forwarded, exit status passed through) and write a signed "

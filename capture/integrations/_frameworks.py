@@ -57,8 +57,8 @@ def dataset_fields(dataset: Any, revision: str | None = None) -> dict[str, Any]:
 def count_tokens(batch: Any) -> int | None:
     """Tokens in a batch: ``input_ids`` of a mapping, else the first tensor's elements."""
     if isinstance(batch, dict):
-        ids = batch.get("input_ids")
-        return int(ids.numel()) if hasattr(ids, "numel") else None
+        ids: Any = batch.get("input_ids")
+        return int(ids.numel()) if ids is not None and hasattr(ids, "numel") else None
     if hasattr(batch, "numel") and getattr(batch, "dtype", None) is not None and not batch.dtype.is_floating_point:
         return int(batch.numel())
     if isinstance(batch, (list, tuple)) and batch:

@@ -33,7 +33,7 @@ _GAP_TIMING = ("host wall clock from the end of the previous Trainer event (step
                "to this one; not synchronized with the device")
 
 
-class CaptureCallback(TrainerCallback):  # type: ignore[misc]
+class CaptureCallback(TrainerCallback):
     """Record the Trainer's steps, evaluations and checkpoint saves; sign them when training ends.
 
     ``output``: the manifest path (default ``<output_dir>/capture.toml``; under ``capture exec``

@@ -25,7 +25,7 @@ try:
     from lightning.pytorch import Callback
 except ImportError:  # the standalone package name
     try:
-        from pytorch_lightning import Callback
+        from pytorch_lightning import Callback  # type: ignore[assignment]
     except ImportError as exc:  # pragma: no cover - the extra is not installed
         raise ImportError("capture.integrations.lightning needs Lightning: pip install 'capture[lightning]'") from exc
 
@@ -53,7 +53,7 @@ def _batch_size(batch: Any) -> int | None:
     return int(shape[0]) if shape else None
 
 
-class CaptureCallback(Callback):  # type: ignore[misc]
+class CaptureCallback(Callback):
     """Record the fit's steps, validation runs and checkpoint saves; sign them when training ends.
 
     ``output``: the manifest path (default ``<trainer.default_root_dir>/capture.toml``; under

@@ -87,7 +87,7 @@ class MLflow:
         if self.experiment:
             mlflow.set_experiment(self.experiment)
         started = mlflow.active_run() is None
-        run = mlflow.start_run() if started else mlflow.active_run()
+        run: Any = mlflow.start_run() if started else mlflow.active_run()
         try:
             self.run_id = run.info.run_id
             for path in _files(manifest_path, trial):
@@ -116,7 +116,7 @@ class WandB:
         import wandb
 
         started = wandb.run is None
-        run = wandb.init(**self.init) if started else wandb.run
+        run: Any = wandb.init(**self.init) if started else wandb.run
         try:
             self.run_dir = str(Path(run.dir).parent)
             run.define_metric("capture/step")
