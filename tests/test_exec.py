@@ -76,6 +76,7 @@ def test_success_passes_zero_and_hashes_a_file(tmp_path):
     code = f"open({str(f)!r}, 'wb').write(b'abc')"
     res = _exec(["-o", "ok.toml", "--output", str(f), "--", sys.executable, "-c", code], tmp_path, tmp_path)
     assert res.returncode == 0, res.stderr
+    verify(tmp_path / "ok.toml", tmp_path, tmp_path)
     m = read_signed(tmp_path / "ok.toml", tmp_path)
     assert m["kind"] == "fingerprint" and m["exec"]["succeeded"] is True
     assert m["exec"]["outputs"][0]["sha256"] == hashlib.sha256(b"abc").hexdigest()

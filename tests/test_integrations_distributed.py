@@ -16,6 +16,7 @@ def _fake_dist(root, name: str, version: str):
     (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n")
 
 
+@pytest.mark.slow  # two processes each importing torch (and the framework)
 def test_two_ranks_one_manifest_names_the_slowest_rank_and_the_differing_package(tmp_path):
     import tqdm
 

@@ -38,6 +38,7 @@ def test_trainer_fine_tune_writes_a_signed_manifest_with_what_the_trainer_knows(
     assert out.with_suffix(".html").exists()
 
 
+@pytest.mark.slow  # two processes each importing torch (and the framework)
 def test_trainer_under_torchrun_two_ranks_one_manifest(tmp_path):
     out = tmp_path / "hf2.toml"
     res = torchrun([str(EXAMPLES / "hf_trainer_example.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)

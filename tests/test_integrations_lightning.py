@@ -35,6 +35,7 @@ def test_fit_writes_a_signed_manifest_with_steps_validation_and_checkpoints(tmp_
     assert t["checkpoint"]["count"] == 2 and t["checkpoint"]["size_bytes"] > 100_000
 
 
+@pytest.mark.slow  # two processes each importing torch (and the framework)
 def test_fit_under_torchrun_ddp_two_ranks_one_manifest(tmp_path):
     out = tmp_path / "pl2.toml"
     res = torchrun([str(EXAMPLES / "lightning_example.py"), str(out), str(tmp_path / "work")], child_env(tmp_path), tmp_path)
