@@ -40,7 +40,7 @@ def test_two_ranks_one_manifest_names_the_slowest_rank_and_the_differing_package
     assert d["stacks_identical"] is False
     assert d["stack_differences"] == [f"packages.tqdm: {tqdm.__version__} (rank 0), 0.0.1 (rank 1)"]
     assert d["ranks"][0]["stack_sha256"] != d["ranks"][1]["stack_sha256"]
-    assert d["nodes"][0]["stack_consistent"] is False and d["tokens_per_s_all_ranks"] > 0
+    assert d["nodes"][0]["stack_consistent"] is False and d["nodes"][0]["stack_sha256"] == d["ranks"][0]["stack_sha256"] and d["tokens_per_s_all_ranks"] > 0
     html = out.with_suffix(".html").read_text()
     assert "<h2>Ranks</h2>" in html and "packages.tqdm" in html
 

@@ -121,9 +121,9 @@ def summarize_ranks(records: list[dict[str, Any]]) -> Gathered:
         nodes.setdefault(str(r["hostname"]), []).append(r)
     node_rows = []
     for host, rs in nodes.items():
-        digests = sorted({r["stack_sha256"] for r in rs})
+        digests = {r["stack_sha256"] for r in rs}
         s = stacks[rs[0]["rank"]]
-        row = {"hostname": host, "ranks": [r["rank"] for r in rs], "stack_sha256": digests[0],
+        row = {"hostname": host, "ranks": [r["rank"] for r in rs], "stack_sha256": rs[0]["stack_sha256"],
                "stack_consistent": len(digests) == 1}
         row.update({k: s[k] for k in ("driver", "torch", "torch_cuda", "nccl", "accelerator_model", "python") if k in s})
         node_rows.append(row)
