@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
-from integrations_helpers import SCRIPTS, child_env, read_signed, torchrun, verify
+from integrations_helpers import SCRIPTS, child_env, read_signed, verify
 
 from capture.integrations.distributed import stack_differences, summarize_ranks
 
@@ -23,12 +24,15 @@ def test_two_ranks_one_manifest_names_the_slowest_rank_and_the_differing_package
     shadow = tmp_path / "shadow"
     _fake_dist(shadow, "tqdm", "0.0.1")  # rank 1 only: a stack that differs in one package version
     env = child_env(tmp_path, SHADOW_DIR=str(shadow), PYTHON=sys.executable)
-    out = tmp_path / "dist.toml"
-    res = torchrun(["--no-python", str(SCRIPTS / "shadow_rank1.sh"), str(SCRIPTS / "recorder_dist.py"), str(out)],
-                   env, tmp_path)
+    out, wrapped = tmp_path / "dist.toml", tmp_path / "exec.toml"
+    # `capture exec -- torchrun ...`: the launch wrapped, the Recorder's figures joining exec's manifest too
+    res = subprocess.run([sys.executable, "-m", "capture", "exec", "-o", str(wrapped), "--", sys.executable, "-m",
+                          "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+                          str(SCRIPTS / "shadow_rank1.sh"), str(SCRIPTS / "recorder_dist.py"), str(out)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"0 {out}" in res.stdout and "1 None" in res.stdout  # rank 0 wrote, rank 1 did not
-    assert list(tmp_path.glob("*.toml")) == [out]
+    assert sorted(tmp_path.glob("*.toml")) == [out, wrapped]
     assert "stacks differ" in res.stderr and "packages.tqdm" in res.stderr
     verify(out, tmp_path, tmp_path)
     t = read_signed(out, tmp_path)["trial"]
@@ -43,6 +47,10 @@ def test_two_ranks_one_manifest_names_the_slowest_rank_and_the_differing_package
     assert d["nodes"][0]["stack_consistent"] is False and d["nodes"][0]["stack_sha256"] == d["ranks"][0]["stack_sha256"] and d["tokens_per_s_all_ranks"] > 0
     html = out.with_suffix(".html").read_text()
     assert "<h2>Ranks</h2>" in html and "packages.tqdm" in html
+    verify(wrapped, tmp_path, tmp_path)
+    w = read_signed(wrapped, tmp_path)
+    assert w["exec"]["exit_code"] == 0 and w["exec"]["command"][1:3] == ["-m", "torch.distributed.run"]
+    assert w["trial"]["distributed"]["stack_differences"] == d["stack_differences"]
 
 
 def test_summary_of_identical_ranks_has_no_warning():
