@@ -12,7 +12,7 @@ import torch
 
 from capture import manifest as mf
 from capture import signing
-from capture.trial.recorder import Recorder
+from capture import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +86,7 @@ def test_shipped_example_runs_and_writes_a_signed_manifest(tmp_path, monkeypatch
     assert info.value.code == 0
     printed = capsys.readouterr().out
     assert "10 measured steps" in printed and printed.strip().endswith(str(out))
+    assert "token_id" not in printed + capsys.readouterr().err
     allowed = signing.AllowedSigners.load(tmp_path / "cfg" / "capture" / "allowed_signers")
     _info, body = signing.verify_signed_bytes(out.read_bytes(), allowed, str(out))
     m = mf.parse_body(body, str(out))
@@ -93,3 +94,36 @@ def test_shipped_example_runs_and_writes_a_signed_manifest(tmp_path, monkeypatch
     assert m["kind"] == "trial" and t["config_source"].startswith("recorder")
     assert t["run"]["params_total"] > 100_000 and len(t["steps"]["step_time_s"]) == 10
     assert t["stats"]["tokens_per_step"] == 8 * 64 and t["memory"]["measured"]["device_used_bytes"] > 0
+    html = out.with_suffix(".html")
+    assert t["report"]["html"] == html.name and "Steps" in html.read_text()
+
+
+def test_validation_and_checkpoint_are_timed_and_left_out_of_step_times(tmp_path):
+    ckpt = tmp_path / "ckpt.bin"
+    with Recorder("cpu", warmup_steps=1, tokens_per_step=4) as rec:
+        for i in range(6):
+            time.sleep(0.01)
+            rec.step()
+            if i == 2:
+                with rec.validation():
+                    time.sleep(0.2)
+            if i == 4:
+                with rec.checkpoint(ckpt):
+                    ckpt.write_bytes(b"x" * 1000)
+                    time.sleep(0.1)
+        assert rec.measured_steps == 5
+    r = rec.result
+    assert len(r.step_time_s) == 5 and max(r.step_time_s) < 0.1  # the 0.2 s pass is not in a step
+    assert r.validation.durations_s[0] >= 0.2 and r.checkpoint.durations_s[0] >= 0.1
+    table = rec.trial_table()
+    assert table["validation"]["count"] == 1 and table["checkpoint"]["size_bytes"] == 1000
+    assert table["stats"]["tokens_per_step"] == 4
+
+
+def test_public_import_and_no_runner_import(tmp_path):
+    """`capture.Recorder` and the old path load without the trial runner (no import circle)."""
+    import subprocess
+
+    code = ("import sys, capture; from capture import Recorder; import capture.trial.recorder as old; "
+            "assert old.Recorder is Recorder; assert 'capture.trial.runner' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
