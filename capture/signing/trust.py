@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, read_regular
 from capture.errors import SignatureError, UsageError
 from capture.paths import config_dir
 from capture.signing.sshsig import NAMESPACE, _KEY_TYPES, _Reader, fingerprint
@@ -222,7 +223,7 @@ class AllowedSigners:
     def load(cls, path: str | os.PathLike[str]) -> AllowedSigners:
         p = Path(path)
         try:
-            text = p.read_bytes().decode("utf-8")
+            text = read_regular(p, ALLOWED_SIGNERS_MAX_BYTES, UsageError, "allowed-signers file").decode("utf-8")
         except FileNotFoundError:
             raise UsageError(f"{p}: no such allowed-signers file", "check the path given to --allowed-signers "
                              "or $CAPTURE_ALLOWED_SIGNERS") from None
