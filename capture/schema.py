@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -135,21 +136,33 @@ def _is(v: Any, want: str) -> bool:
     raise AssertionError(want)
 
 
-def _compile(fields: Mapping[str, str]) -> dict[tuple[str, ...], str]:
-    return {tuple(k.split(".")): t for k, t in fields.items()}
+# A trie of FIELDS: each node maps a key (or "*") to its child; "" holds the node's own type.
+_Node = dict[str, Any]
 
 
-_COMPILED = _compile(FIELDS)
-_BY_LEN: dict[int, list[tuple[tuple[str, ...], str]]] = {}
-for _pat, _want in _COMPILED.items():
-    _BY_LEN.setdefault(len(_pat), []).append((_pat, _want))
+def _trie(fields: Mapping[str, str]) -> _Node:
+    root: _Node = {}
+    for dotted, want in fields.items():
+        node = root
+        for part in dotted.split("."):
+            node = node.setdefault(part, {})
+        node[""] = want
+    return root
 
 
-def _expected(path: tuple[str, ...]) -> str | None:
-    for pat, want in _BY_LEN.get(len(path), ()):
-        if all(p == "*" or p == q for p, q in zip(pat, path)):
-            return want
-    return None
+_ROOT = _trie(FIELDS)
+_NO_NODES: tuple[_Node, ...] = ()
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _children(nodes: tuple[_Node, ...], key: str) -> tuple[_Node, ...]:
+    out = []
+    for n in nodes:
+        for k in (key, "*"):
+            child = n.get(k)
+            if child is not None:
+                out.append(child)
+    return tuple(out)
 
 
 def _shown(path: tuple[str, ...]) -> str:
@@ -171,13 +184,13 @@ def validate(data: Mapping[str, Any], source: str = "manifest") -> None:
             "[signature], a dotted key or an inline table): not a signed manifest",
             "a signed manifest ends with a line that reads exactly [signature]; re-sign it with `capture sign`")
     # Iterative walk: a hostile file must not exhaust the Python stack here either.
-    stack: list[tuple[tuple[str, ...], Any, int]] = [((), data, 0)]
+    stack: list[tuple[tuple[str, ...], Any, tuple[_Node, ...]]] = [((), data, (_ROOT,))]
     while stack:
-        path, value, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        path, value, nodes = stack.pop()
+        if len(path) > MAX_DEPTH:
             raise _fail(source, _shown(path[:MAX_DEPTH]) or "the file", f"nests more than {MAX_DEPTH} tables or arrays deep")
         if path:
-            want = _expected(path)
+            want = next((n[""] for n in nodes if "" in n), None)
             if want is not None and not _is(value, want):
                 raise _fail(source, _shown(path), f"must be {want}, found {_type_name(value)}")
             key = path[-1]
@@ -186,12 +199,12 @@ def validate(data: Mapping[str, Any], source: str = "manifest") -> None:
                 raise _fail(source, _shown(path), f"must be a number (its name carries a unit), found {_type_name(value)}")
         if isinstance(value, Mapping):
             for k, v in value.items():
-                if not isinstance(k, str) or any(ord(c) < 0x20 or ord(c) == 0x7F for c in k):
+                if _CONTROL.search(k):
                     raise _fail(source, _shown(path) or "the file", f"has a key with control characters: {k!r}")
-                stack.append((path + (k,), v, depth + 1))
+                stack.append((path + (k,), v, _children(nodes, k) if nodes else _NO_NODES))
         elif isinstance(value, list):
             for i, v in enumerate(value):
-                stack.append((path + (str(i),), v, depth + 1))
+                stack.append((path + (str(i),), v, _children(nodes, str(i)) if nodes else _NO_NODES))
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise _fail(source, _shown(path), f"is {value}, which capture never writes (non-finite numbers are stored as strings)")

@@ -97,7 +97,8 @@ def refusal(path: str, exc: CaptureError) -> Verdict:
         status = exc.state.upper()
     else:
         status = "ERROR"
-    return Verdict(path, status, exc.exit_code, exc.message.removeprefix(f"{path}: "), exc.hint)
+    reason = exc.message.removeprefix(f"{path}: ").removeprefix(f"{Path(path)}: ")
+    return Verdict(path, status, exc.exit_code, reason, exc.hint)
 
 
 def _has_code(data: Mapping[str, Any]) -> bool:
