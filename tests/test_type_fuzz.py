@@ -9,7 +9,7 @@ and the full comparison against a live stack probed once), and every few mutatio
 command must return its documented code; anything else (an exception that escapes the CLI's
 error handling) fails the test and names the mutation.
 
-Seeded, so a failure reproduces; ``CAPTURE_FUZZ_MUTATIONS`` sets how many (default 2,000).
+Seeded, so a failure reproduces; ``CAPTURE_FUZZ_MUTATIONS`` sets how many (default 1,000; each runs the seven commands).
 """
 
 from __future__ import annotations
