@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -96,6 +97,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
         raise KeyError_(f"{path}: permissions {stat.S_IMODE(st.st_mode):04o} are too open for a private key",
                         f"chmod 600 {path}")
     text = data.lstrip()
+    loader: Callable[[], object]
     if text.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----"):
         if _openssh_cipher(data) not in (None, "none"):
             raise _passphrase_error(path)

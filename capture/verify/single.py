@@ -136,7 +136,8 @@ class LiveStack:
         code = self.code_for(recorded)
         if self._given is not None:
             return self._given, str(code) if code else None
-        probe = recorded.get("probe") if isinstance(recorded.get("probe"), Mapping) else {}
+        table = recorded.get("probe")
+        probe: Mapping[str, Any] = table if isinstance(table, Mapping) else {}
         key = json.dumps([probe, str(code)], sort_keys=True, default=str)
         if key not in self._cache:
             from capture.fingerprint import collect

@@ -93,7 +93,7 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     for raw in paths:
         p = str(raw)
         if os.path.isdir(p):
-            found = []
+            found: list[str] = []
             for folder, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if not _hidden(d))
                 found.extend(os.path.join(folder, f) for f in files if f.endswith(".toml") and not _hidden(f))
@@ -105,8 +105,7 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
             out.extend(matches)
         else:
             out.append(p)
-    seen: set[str] = set()
-    return [f for f in out if not (f in seen or seen.add(f))]
+    return list(dict.fromkeys(out))  # each file once, in order
 
 
 class _Trust:
