@@ -264,3 +264,17 @@ def test_subprocess_bounded_time_and_memory(corpus, test_signer, name, command):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 3, r.stderr
     _one_error(r.stderr)
+
+
+@pytest.mark.parametrize("text", ["[fields]\n\"a\" = " + "[" * 100_000 + "\n", "x = " + "{a = " * 600 + "1" + "}" * 600 + "\n",
+                                  "fields = 3\n", "[ignore]\nfields = [[[1]]]\n"])
+def test_hostile_policy_file_is_one_config_error(tmp_path, test_signer, h200_body, text, capsys):
+    """Finding 3 for --policy: a config error (exit 2, one line), never a RecursionError."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(text)
+    m = tmp_path / "m.toml"
+    m.write_bytes(test_signer.sign(h200_body))
+    for args in (["verify", str(m), "--policy", str(policy), "--allowed-signers", str(test_signer.allowed)],
+                 ["diff", str(m), str(m), "--policy", str(policy)]):
+        assert main(args) == 2
+        _one_error(capsys.readouterr().err)
