@@ -30,10 +30,16 @@ class CaptureError(Exception):
         self.hint = hint
 
     def diagnostics(self) -> str:
-        """One line naming the problem, then (optionally) one line naming the fix."""
-        text = f"error: {self.message}"
+        """One line naming the problem, then (optionally) one line naming the fix.
+
+        Messages quote files (names, principals, values): control characters are escaped, so a
+        message is exactly one line and cannot rewrite the terminal.
+        """
+        from capture._escape import printable
+
+        text = f"error: {printable(self.message)}"
         if self.hint:
-            text += f"\nhint: {self.hint}"
+            text += f"\nhint: {printable(self.hint)}"
         return text
 
 
@@ -61,10 +67,20 @@ class SignatureError(CaptureError):
     """Not signed, signature invalid, body tampered, or signer not trusted (exit 4)."""
 
     exit_code = EXIT_SIGNATURE
+    state = "invalid"
+    """The report status this refusal stands for (``invalid``, ``unsigned`` or ``untrusted``)."""
+
+
+class UnsignedError(SignatureError):
+    """The manifest has no ``[signature]`` trailer (exit 4)."""
+
+    state = "unsigned"
 
 
 class TrustError(SignatureError):
     """The signature is valid but the signer is not in the allowed-signers file (exit 4)."""
+
+    state = "untrusted"
 
 
 class PreflightFailed(CaptureError):

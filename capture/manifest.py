@@ -3,7 +3,9 @@
 A signed manifest is ``BODY + TRAILER`` (shared/DESIGN.md, decision 1): the trailer is the last
 table and starts at a line that is exactly ``[signature]``. Nothing is re-serialised before a
 signature check, so :func:`split_signed` works on bytes and :func:`parse_body` only runs after
-the signature has been checked (see :mod:`capture.verify`).
+the signature has been checked. The one place that reads, verifies and parses a manifest for a
+command is :func:`capture.verify.open.open_manifest`; nothing else in the package parses signed
+content (``tests/test_one_door.py`` checks it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import tomli_w
 
 from capture import __version__
 from capture._atomic import atomic_write
+from capture._safe_read import MANIFEST_MAX_BYTES, read_regular
 from capture.errors import ManifestError, SignatureError
+from capture.schema import validate
 
 SCHEMA_VERSION = 1
 KINDS = ("fingerprint", "trial")
@@ -144,18 +148,17 @@ def write(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> bytes:
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """Read a manifest file, turning OS errors into one-line :class:`ManifestError`."""
+    """Read a manifest file (a regular file of at most :data:`~capture._safe_read.MANIFEST_MAX_BYTES`),
+    turning OS errors into one-line :class:`ManifestError`."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_regular(p, MANIFEST_MAX_BYTES, ManifestError, "manifest")
     except FileNotFoundError:
         raise ManifestError(f"{p}: no such file", "check the path; `ls` the folder to see what is there") from None
     except IsADirectoryError:
         raise ManifestError(f"{p}: is a folder, not a manifest file", "name a .toml manifest file") from None
     except PermissionError:
         raise ManifestError(f"{p}: permission denied", "make the file readable (chmod u+r) or run as its owner") from None
-    except OSError as exc:
-        raise ManifestError(f"{p}: cannot read ({exc.strerror})", "check the path and the disk") from None
     if not data.strip():
         raise ManifestError(f"{p}: file is empty", "write a manifest with `capture fingerprint -o FILE`")
     return data
@@ -185,7 +188,9 @@ _TRAILER_RE = re.compile(rb"^\[signature\]\r?$", re.MULTILINE)
 
 
 def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
-    """Parse and check a manifest body (call only after its signature was checked)."""
+    """Parse and check a manifest body: UTF-8, TOML, header (:func:`check_schema`) and field types
+    (:func:`capture.schema.validate`). Commands call it only through the door
+    (:func:`capture.verify.open.open_manifest`), after the signature was checked."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -199,7 +204,11 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
         reason = str(exc).splitlines()[0]
         raise ManifestError(f"{source}: not valid TOML ({reason})",
                             "the file may be truncated or hand-edited; regenerate it") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: arrays or inline tables nested too deeply to read",
+                            "this is not a manifest capture wrote; regenerate it") from None
     check_schema(data, source)
+    validate(data, source)
     return data
 
 
@@ -207,6 +216,9 @@ def parse_trailer(trailer: bytes, source: str = "manifest") -> dict[str, Any]:
     """Parse the ``[signature]`` table."""
     try:
         data = tomllib.loads(trailer.decode("utf-8"))
+    except RecursionError:
+        raise SignatureError(f"{source}: the [signature] table cannot be read (nested too deeply)",
+                             "re-sign the manifest with `capture sign FILE --key KEY`") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SignatureError(f"{source}: the [signature] table cannot be read ({str(exc).splitlines()[0]})",
                              "re-sign the manifest with `capture sign FILE --key KEY`") from None
@@ -261,7 +273,9 @@ class LoadedManifest:
 
 
 def load_unverified(path: str | os.PathLike[str]) -> LoadedManifest:
-    """Read and parse without checking the signature (for `diff`, `show`; never for trust)."""
+    """Read and parse without checking the signature: for tests and scripts only. Commands open
+    manifests through :func:`capture.verify.open.open_manifest` (``require_trusted=False`` reads
+    without requiring trust and still reports the signature state)."""
     raw = read_bytes(path)
     body, trailer = split_signed(raw)
     return LoadedManifest(str(path), raw, body, trailer, parse_body(body, str(path)))

@@ -1,4 +1,6 @@
-"""Where capture keeps and finds its files: one place for the config folder and what lives in it."""
+"""Where capture keeps and finds its files: one place for the config folder, the default key, the
+personal allowed-signers file and the hub cache. Everything is read from the environment at call
+time, so a flag or a test that sets a variable takes effect."""
 
 from __future__ import annotations
 
@@ -11,3 +13,34 @@ def config_dir() -> Path:
     xdg = os.environ.get("XDG_CONFIG_HOME", "")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
     return base / "capture"
+
+
+def default_key_path() -> Path:
+    """The signing key: ``$CAPTURE_KEY``, else ``config_dir()/id_ed25519``."""
+    env = os.environ.get("CAPTURE_KEY", "")
+    if env:
+        return Path(env).expanduser()
+    return config_dir() / "id_ed25519"
+
+
+def personal_allowed_signers() -> Path:
+    """The user's own allowed-signers file, ``config_dir()/allowed_signers`` (may not exist); the
+    last place :func:`capture.signing.trust.find_allowed_signers` looks, and where the default
+    key's public half is trusted when `capture trial` creates it."""
+    return config_dir() / "allowed_signers"
+
+
+def hub_cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The Hugging Face hub cache, resolved as huggingface_hub does: ``explicit`` (``--hf-cache``),
+    else ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE`` (the older name), else ``$HF_HOME/hub``,
+    else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. It may not exist."""
+    if explicit is not None and str(explicit):
+        return Path(explicit).expanduser()
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "huggingface" / "hub"

@@ -19,18 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture()
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An isolated HOME so no test reads or writes the user's own key or allowed signers."""
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("CAPTURE_KEY", raising=False)
-    monkeypatch.delenv("CAPTURE_ALLOWED_SIGNERS", raising=False)
-    return h
-
-
-@pytest.fixture()
 def code_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "code"
     repo.mkdir()

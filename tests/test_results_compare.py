@@ -61,7 +61,7 @@ def test_compare_json(two_runs, capsys):
     pa, pb, trusted, gone, a = two_runs
     assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["a"]["signature"]["state"] == "trusted" and doc["b"]["signature"]["state"] == "untrusted"
+    assert doc["a"]["signature"]["state"] == "ok" and doc["b"]["signature"]["state"] == "untrusted"
     assert {"group": "framework", "field": "framework.version", "a": "2.11.0+cu130", "b": "2.10.0+cu128"} in doc["stack"]
     assert {"name": "flash-attn", "version": "2.7.4"} in doc["packages"]["added"]
     assert [p["name"] for p in doc["packages"]["removed"]] == [gone]
@@ -125,7 +125,7 @@ def test_show_json_and_fingerprint(tmp_path, keys, capsys):
     assert main(["show", str(tmp_path / "fp.toml"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["kind"] == "fingerprint" and "tokens_per_s" not in doc["summary"]
-    assert doc["signature"]["state"] in ("untrusted", "trusted")
+    assert doc["signature"]["state"] in ("untrusted", "ok")
     shown = show_load(str(tmp_path / "fp.toml"))
     assert shown.summary.accelerator_slug == "nvidia-h200-x1"
 

@@ -11,7 +11,7 @@ import pytest
 from capture import manifest as mf
 from capture._cli import main
 from capture.results.pin import pin
-from capture.results.tree import verify_paths, verify_tree, worst_exit_code
+from capture.verify.tree import verify_paths, verify_tree, worst_exit_code
 from test_results_helpers import h200_manifest, keys, make_results_repo  # noqa: F401
 
 
@@ -127,7 +127,7 @@ def test_worst_exit_code_precedence():
 def test_process_pool_gives_the_same_report(tree, keys, monkeypatch):
     repo, _ = tree
     _add_bad_files(repo, keys)
-    from capture.results import tree as tree_mod
+    from capture.verify import tree as tree_mod
     sequential = verify_tree([str(repo)], jobs=1)
     monkeypatch.setattr(tree_mod, "PARALLEL_MIN_FILES", 1)
     parallel = verify_tree([str(repo)], jobs=2)

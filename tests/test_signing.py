@@ -28,12 +28,8 @@ UTC = dt.timezone.utc
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("XDG_CONFIG_HOME", "CAPTURE_KEY", "CAPTURE_ALLOWED_SIGNERS"):
-        monkeypatch.delenv(name, raising=False)
+def _isolated_home(home):
+    """Every test here runs with the isolated HOME of tests/conftest.py."""
     return home
 
 

@@ -22,12 +22,9 @@ NS = "capture-manifest"
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("XDG_CONFIG_HOME", "CAPTURE_KEY", "CAPTURE_ALLOWED_SIGNERS"):
-        monkeypatch.delenv(name, raising=False)
+def _isolated_home(home):
+    """Every test here runs with the isolated HOME of tests/conftest.py."""
+    return home
 
 
 def keygen(*args: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:

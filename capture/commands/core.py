@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -133,70 +132,65 @@ def cmd_sign(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand(files: list[str]) -> tuple[list[str], bool]:
-    """Expand globs; True when the user asked for a tree (folder, glob, several files)."""
-    out: list[str] = []
-    tree = len(files) > 1
-    for f in files:
-        if any(c in f for c in "*?[") and not Path(f).exists():
-            matches = sorted(glob.glob(f, recursive=True))
-            if not matches:
-                raise UsageError(f"{f}: the pattern matches no file", "check the glob, or quote it for the shell")
-            out.extend(matches)
-            tree = True
-        else:
-            out.append(f)
-            tree = tree or Path(f).is_dir()
-    return out, tree
+def _is_tree(files: list[str]) -> bool:
+    """Several files, a folder or a glob verify as a tree (:mod:`capture.verify.tree` expands them)."""
+    if len(files) > 1:
+        return True
+    f = files[0]
+    return Path(f).is_dir() or (any(c in f for c in "*?[") and not Path(f).exists())
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from capture._escape import printable
     from capture.verify import Policy, format_report, verify_file
 
-    files, tree = _expand(args.files)
     policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
-    if tree:
-        from capture.results.tree import verify_paths
+    if args.code is not None and not Path(args.code).is_dir():
+        raise UsageError(f"--code {args.code}: not a folder", "name the folder that holds your training code")
+    if _is_tree(args.files):
+        from capture.verify.tree import verify_paths
 
-        return verify_paths(files, allowed_signers=args.allowed_signers, policy=policy,
-                            stack=not args.signature_only, json_out=args.json)
-    report = verify_file(files[0], allowed_signers=args.allowed_signers, policy=policy, strict=args.strict,
+        return verify_paths(args.files, allowed_signers=args.allowed_signers, policy=policy,
+                            stack=not args.signature_only, json_out=args.json, code_dir=args.code,
+                            verify_artifacts=args.verify_artifacts)
+    report = verify_file(args.files[0], allowed_signers=args.allowed_signers, policy=policy,
                          code_dir=args.code, stack=not args.signature_only,
                          verify_artifacts=args.verify_artifacts)
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    elif report.refused:
+        # A rejected manifest: one-line reason and hint on stderr, as every other error.
+        sys.stderr.write(f"error: {printable(report.path)}: {printable(report.reason)}\n")
+        if report.hint:
+            sys.stderr.write(f"hint: {printable(report.hint)}\n")
     else:
-        text = format_report(report)
-        if report.error and report.signer is None:
-            # A rejected manifest: one-line reason and hint on stderr, as every other error.
-            msg = report.error if report.error.startswith(report.path) else f"{report.path}: {report.error}"
-            sys.stderr.write(f"error: {msg}\n")
-            if report.hint:
-                sys.stderr.write(f"hint: {report.hint}\n")
-        else:
-            sys.stdout.write(text + "\n")
+        sys.stdout.write(format_report(report) + "\n")
     return report.exit_code
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from capture.manifest import read_bytes
-    from capture.results._sig import signature_status
-    from capture.verify import ABSENT, Policy, diff_files
+    """Content of two manifests, signed or not (a fresh fingerprint is unsigned): the header says
+    each file's signature state; the exit code is about the stacks (0 same, 1 differ, 3 malformed)."""
+    from capture._escape import printable
+    from capture.verify import Policy, compare_manifests, open_manifest
 
-    policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
-    diffs, compared = diff_files(args.a, args.b, policy, everything=args.everything)
+    policy = Policy.everything() if args.everything else (
+        Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict))
+    a = open_manifest(args.a, require_trusted=False)
+    b = open_manifest(args.b, require_trusted=False)
+    diffs, compared = compare_manifests(a.data, b.data, policy)
     if args.json:
         sys.stdout.write(json.dumps({
-            "a": args.a, "b": args.b, "compared": compared,
-            "differences": [{"field": d.field, "a": None if d.recorded is ABSENT else d.recorded,
-                             "b": None if d.live is ABSENT else d.live} for d in diffs],
+            "a": args.a, "b": args.b, "compared": compared, "policy": policy.source,
+            "signatures": {"a": a.signature.to_json(), "b": b.signature.to_json()},
+            "differences": [d.to_json("a", "b") for d in diffs],
         }, indent=2, default=str) + "\n")
     else:
-        for label, path in (("A", args.a), ("B", args.b)):
-            sys.stdout.write(f"{label}: {path} — {signature_status(read_bytes(path), path).label}\n")
+        for label, opened in (("A", a), ("B", b)):
+            sys.stdout.write(f"{label}: {printable(opened.path)} — {opened.signature.label}\n")
         if diffs:
             sys.stdout.write(f"{len(diffs)} of {compared} compared fields differ:\n")
-            sys.stdout.writelines(f"  {d.line('A', 'B')}\n" for d in diffs)
+            sys.stdout.writelines(f"  {printable(d.line('A', 'B'))}\n" for d in diffs)
         else:
             sys.stdout.write(f"same stack: {compared} fields compared\n")
     return EXIT_DRIFT if diffs else EXIT_OK

@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", metavar="all|IDS", help="pass GPUs in: `all` or device indices like 0,1")
     p.add_argument("--vendor", choices=("nvidia", "amd"), help="GPU vendor (default: from the image's flavour label)")
     p.add_argument("--cache", metavar="DIR", help="HF hub cache, mounted read-only "
-                   "(default: $HF_HUB_CACHE or ~/.cache/huggingface/hub when it exists)")
+                   "(default: the hub cache when it exists: $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub)")
     p.add_argument("--out", default="out", metavar="DIR", help="output folder, mounted read-write at /out (default: ./out)")
     p.add_argument("--key", metavar="KEYFILE", help="signing key, mounted read-only "
                    "(default: $CAPTURE_KEY or ~/.config/capture/id_ed25519 when it exists)")
@@ -137,18 +137,27 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_file(env: str, *parts: str) -> Path | None:
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    path = Path.home().joinpath(*parts)
+def _default_signers() -> Path | None:
+    from capture.paths import personal_allowed_signers
+
+    if os.environ.get("CAPTURE_ALLOWED_SIGNERS"):
+        return Path(os.environ["CAPTURE_ALLOWED_SIGNERS"]).expanduser()
+    path = personal_allowed_signers()
     return path if path.exists() else None
 
 
 def _default_cache() -> Path | None:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
-    return home / "hub" if (home / "hub").is_dir() else None
+    from capture.paths import hub_cache_dir
+
+    cache = hub_cache_dir()
+    return cache if cache.is_dir() else None
+
+
+def _default_key() -> Path | None:
+    from capture.paths import default_key_path
+
+    key = default_key_path()
+    return key if os.environ.get("CAPTURE_KEY") or key.exists() else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -163,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to run in the container",
                          "put the capture command after `--`, e.g. `capture run --image REF -- trial --example tiny`")
     cache = Path(args.cache) if args.cache else _default_cache()
-    key = Path(args.key) if args.key else _default_file("CAPTURE_KEY", ".config", "capture", "id_ed25519")
+    key = Path(args.key) if args.key else _default_key()
     if key is None and command[0] == "trial" and not args.dry_run:
         from capture import signing
 
@@ -171,7 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # in ~/.config/capture/allowed_signers, so what the container signs verifies here.
         key = signing.ensure_default_key()
     signers = (Path(args.allowed_signers) if args.allowed_signers
-               else _default_file("CAPTURE_ALLOWED_SIGNERS", ".config", "capture", "allowed_signers"))
+               else _default_signers())
     client = docker_client()
     spec = run.plan(client, args.image, command, Path(args.out), cache_dir=cache, gpus=args.gpus,
                     vendor=args.vendor, key_file=key, allowed_signers=signers)

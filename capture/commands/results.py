@@ -1,5 +1,10 @@
 """Results-repository commands: pin, compare, show, export. (`verify DIR` lives in core.py and
-calls :func:`capture.results.tree.verify_paths`.)"""
+calls :func:`capture.verify.tree.verify_paths`.)
+
+`show` and `compare` display any manifest the door can parse, with its signature state first;
+their exit code is 4 when a file is unsigned or its signature is invalid (nobody attests that
+content), unless ``--allow-unsigned``; a valid signature by a signer you do not trust is labelled
+"NOT trusted" and does not change the code (trust is checked by `verify` and `pin`)."""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import argparse
 import json
 import sys
 
-from capture.errors import EXIT_DRIFT, EXIT_OK, UsageError
+from capture.errors import EXIT_DRIFT, EXIT_OK, EXIT_SIGNATURE, UsageError
+
+_ALLOW_UNSIGNED = "display unsigned or tampered manifests and exit as if signed (default: exit 4 for them)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,12 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A")
     p.add_argument("b", metavar="B")
     p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file for the trust header")
+    p.add_argument("--allow-unsigned", action="store_true", help=_ALLOW_UNSIGNED)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("show", help="a readable summary of one manifest")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file for the trust line")
+    p.add_argument("--allow-unsigned", action="store_true", help=_ALLOW_UNSIGNED)
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_show)
 
@@ -64,6 +73,19 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unattested(sides: list[tuple[str, object]], allow: bool) -> int | None:
+    """Exit 4 (after the report was printed) for an unsigned or invalid file, unless allowed."""
+    from capture._escape import printable
+
+    bad = [(path, sig) for path, sig in sides if getattr(sig, "state", None) in ("unsigned", "invalid")]
+    if not bad or allow:
+        return None
+    path, sig = bad[0]
+    sys.stderr.write(f"error: {printable(path)}: {getattr(sig, 'label', '')}\n"
+                     "hint: sign it (`capture sign FILE --key KEY`), or pass --allow-unsigned to read it anyway\n")
+    return EXIT_SIGNATURE
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from capture.results.compare import compare_files, render
 
@@ -72,6 +94,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(c.to_json(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(render(c) + "\n")
+    refused = _unattested([(c.a.path, c.a.signature), (c.b.path, c.b.signature)], args.allow_unsigned)
+    if refused is not None:
+        return refused
     # Like `capture diff`: 1 when the stacks differ. Trial figures of two runs always differ a little.
     return EXIT_DRIFT if c.stack or c.packages else EXIT_OK
 
@@ -84,7 +109,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(shown.to_json(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(render(shown) + "\n")
-    return EXIT_OK
+    refused = _unattested([(shown.path, shown.signature)], args.allow_unsigned)
+    return EXIT_OK if refused is None else refused
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -2,9 +2,14 @@
 
 The point is to see at a glance *why* run B was 12% slower: a driver, a torch build, a package,
 the code, the model revision or the image changed, and then by how much each trial figure
-moved. Manifests are read without requiring trust; the header says whether each signature is
-valid and its signer trusted. (`capture diff` is the verify policy's comparison; this is the
-reviewer's view of two results.)
+moved. The stack part is the verify engine (:func:`capture.verify.compare.compare_manifests`)
+under the review policy (:meth:`capture.verify.policy.Policy.review`: every field `capture diff`
+compares, plus host, environment, image and run definition), so `diff` and `compare` agree on
+whether two stacks differ. The trial figures are this module's own part.
+
+Manifests are opened through the door without requiring trust; the header says whether each
+signature is valid and its signer trusted (the command exits 4 for an unsigned or invalid one
+unless ``--allow-unsigned``).
 """
 
 from __future__ import annotations
@@ -14,55 +19,38 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from capture.manifest import parse_body, read_bytes, split_signed
-from capture.results._sig import SignatureStatus, signature_status
+from capture._escape import printable
 from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
+from capture.verify.compare import ABSENT, Difference, compare_manifests
+from capture.verify.open import SignatureStatus, open_manifest
+from capture.verify.policy import Policy
 
-# (group, dotted path); a path ending in ".*" compares every key of that table.
-STACK_FIELDS: tuple[tuple[str, str], ...] = (
-    ("accelerator", "accelerator.vendor"),
-    ("accelerator", "accelerator.model"),
-    ("accelerator", "accelerator.count"),
-    ("accelerator", "accelerator.memory_per_device_bytes"),
-    ("driver", "nvidia.driver_version"),
-    ("driver", "nvidia.cuda_driver_version"),
-    ("driver", "amd.driver_version"),
-    ("CUDA/ROCm", "accelerator.runtime"),
-    ("CUDA/ROCm", "accelerator.runtime_version"),
-    ("CUDA/ROCm", "framework.cuda_version"),
-    ("CUDA/ROCm", "framework.hip_version"),
-    ("framework", "framework.name"),
-    ("framework", "framework.version"),
-    ("framework", "framework.git_version"),
-    ("framework", "framework.cudnn_version"),
-    ("framework", "framework.nccl_version"),
-    ("framework", "framework.miopen_version"),
-    ("framework", "framework.rccl_version"),
-    ("framework", "framework.loaded.*"),
-    ("python", "python.implementation"),
-    ("python", "python.version"),
-    ("code", "code.remote_url"),
-    ("code", "code.branch"),
-    ("code", "code.commit"),
-    ("code", "code.tree_hash"),
-    ("code", "code.dirty"),
-    ("image", "container.image_ref"),
-    ("image", "container.image_id"),
-    ("image", "container.labels.*"),
-    ("host", "host.os"),
-    ("host", "host.kernel"),
-    ("host", "host.cpu_model"),
-    ("host", "host.cpu_count"),
-    ("host", "host.memory_total_bytes"),
-    ("environment", "environment.variables.*"),
-    ("run definition", "trial.run.*"),
+# The group a stack field is shown under: the first prefix that matches wins.
+GROUPS: tuple[tuple[str, str], ...] = (
+    ("nvidia.driver_version", "driver"),
+    ("nvidia.cuda_driver_version", "driver"),
+    ("amd.driver_version", "driver"),
+    ("accelerator.runtime", "CUDA/ROCm"),
+    ("framework.cuda_version", "CUDA/ROCm"),
+    ("framework.hip_version", "CUDA/ROCm"),
+    ("accelerator.", "accelerator"),
+    ("nvidia.", "accelerator"),
+    ("amd.", "accelerator"),
+    ("framework.", "framework"),
+    ("python.", "python"),
+    ("code.", "code"),
+    ("container.", "image"),
+    ("host.", "host"),
+    ("environment.", "environment"),
+    ("models.", "models"),
+    ("datasets.", "datasets"),
+    ("trial.run.", "run definition"),
 )
-DEVICE_FIELDS = {
-    "nvidia": ("name", "compute_capability", "memory_total_bytes", "vbios_version", "ecc_enabled", "mig_enabled",
-               "power_limit_w", "visible"),
-    "amd": ("market_name", "gfx_target", "vram_total_bytes", "vbios_version", "visible"),
-}
-ARTIFACT_FIELDS = ("revision", "commit", "content_hash")
+
+
+def group_of(field: str) -> str:
+    return next((g for prefix, g in GROUPS if field.startswith(prefix)), field.split(".", 1)[0])
+
 
 # (name in Figures, label, unit, True when higher is better; None when neither)
 FIGURES: tuple[tuple[str, str, str, bool | None], ...] = (
@@ -84,6 +72,14 @@ class Change:
     a: Any
     """Value in run A; None when absent there."""
     b: Any
+    detail: str | None = None
+    """Code drift: the files changed, added and removed (see :class:`capture.verify.compare.CodeChanges`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"group": self.group, "field": self.field, "a": self.a, "b": self.b}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass(frozen=True)
@@ -126,10 +122,10 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         def side(s: Side) -> dict[str, Any]:
-            return {"path": s.path, "signature": asdict(s.signature), "summary": s.summary.to_json()}
+            return {"path": s.path, "signature": s.signature.to_json(), "summary": s.summary.to_json()}
         return {
             "a": side(self.a), "b": side(self.b),
-            "stack": [asdict(c) for c in self.stack],
+            "stack": [c.to_json() for c in self.stack],
             "packages": {
                 "added": [{"name": n, "version": v} for n, v in self.packages.added],
                 "removed": [{"name": n, "version": v} for n, v in self.packages.removed],
@@ -139,65 +135,8 @@ class Comparison:
         }
 
 
-def _table_items(data: Mapping[str, Any], dotted: str) -> dict[str, Any]:
-    if not dotted.endswith(".*"):
-        return {dotted: dig(data, dotted)}
-    base = dotted[:-2]
-    table = dig(data, base)
-    if not isinstance(table, Mapping):
-        return {}
-    return {f"{base}.{k}": v for k, v in table.items() if not isinstance(v, Mapping)}
-
-
-def _skipped(data: Mapping[str, Any], dotted: str) -> bool:
-    table = dig(data, dotted.split(".")[0])
-    return isinstance(table, Mapping) and set(table) == {"skipped"}
-
-
-def stack_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Change]:
-    out: list[Change] = []
-    for group, dotted in STACK_FIELDS:
-        if _skipped(a, dotted) and _skipped(b, dotted):
-            continue
-        ia, ib = _table_items(a, dotted), _table_items(b, dotted)
-        for key in sorted(set(ia) | set(ib)):
-            va, vb = ia.get(key), ib.get(key)
-            if va != vb:
-                out.append(Change(group, key, va, vb))
-    for vendor, fields in DEVICE_FIELDS.items():
-        da = {d.get("index", i): d for i, d in enumerate(dig(a, f"{vendor}.devices") or ()) if isinstance(d, Mapping)}
-        db = {d.get("index", i): d for i, d in enumerate(dig(b, f"{vendor}.devices") or ()) if isinstance(d, Mapping)}
-        for idx in sorted(set(da) | set(db), key=str):
-            for f in fields:
-                va, vb = (da.get(idx) or {}).get(f), (db.get(idx) or {}).get(f)
-                if va != vb:
-                    out.append(Change("accelerator", f"{vendor}.devices[{idx}].{f}", va, vb))
-    for section in ("models", "datasets"):
-        ma, mb = _artifacts(a, section), _artifacts(b, section)
-        for name in sorted(set(ma) | set(mb)):
-            if name not in ma or name not in mb:
-                out.append(Change(section, f"{section}[{name}]",
-                                  _artifact_ref(ma.get(name)), _artifact_ref(mb.get(name))))
-                continue
-            for f in ARTIFACT_FIELDS:
-                va, vb = ma[name].get(f), mb[name].get(f)
-                if va != vb:
-                    out.append(Change(section, f"{section}[{name}].{f}", va, vb))
-    return out
-
-
-def _artifacts(data: Mapping[str, Any], section: str) -> dict[str, Mapping[str, Any]]:
-    out = {}
-    for item in data.get(section) or ():
-        if isinstance(item, Mapping) and set(item) != {"skipped"}:
-            out[str(item.get("repo_id") or item.get("spec") or item.get("path"))] = item
-    return out
-
-
-def _artifact_ref(item: Mapping[str, Any] | None) -> str | None:
-    if item is None:
-        return None
-    return str(item.get("commit") or item.get("revision") or item.get("content_hash") or "present")
+def _value_or_none(v: Any) -> Any:
+    return None if v is ABSENT else v
 
 
 def _package_version(entry: Any) -> str:
@@ -209,14 +148,42 @@ def _package_version(entry: Any) -> str:
     return v
 
 
+def _packages(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    p = dig(data, "python.packages")
+    return p if isinstance(p, Mapping) else {}
+
+
+def stack_differences(a: Mapping[str, Any], b: Mapping[str, Any], policy: Policy | None = None) -> list[Difference]:
+    """The engine's differences between two manifests under the review policy."""
+    return compare_manifests(a, b, policy or Policy.review())[0]
+
+
+def split_differences(a: Mapping[str, Any], b: Mapping[str, Any],
+                      diffs: list[Difference]) -> tuple[list[Change], PackageChanges]:
+    """Differences as the reviewer reads them: packages on their own, the rest by group."""
+    pa, pb = _packages(a), _packages(b)
+    touched: set[str] = set()
+    changes: list[Change] = []
+    for d in diffs:
+        parts = d.field.split(".")
+        if parts[:2] == ["python", "packages"] and len(parts) > 2:
+            name = next((n for n in (*pa, *pb) if d.field.startswith(f"python.packages.{n}.")), parts[2])
+            touched.add(name)
+            continue
+        changes.append(Change(group_of(d.field), d.field, _value_or_none(d.recorded), _value_or_none(d.live), d.detail))
+    added = tuple((n, _package_version(pb[n])) for n in sorted(touched) if n not in pa and n in pb)
+    removed = tuple((n, _package_version(pa[n])) for n in sorted(touched) if n in pa and n not in pb)
+    changed = tuple((n, _package_version(pa[n]), _package_version(pb[n])) for n in sorted(touched)
+                    if n in pa and n in pb)
+    return changes, PackageChanges(added, removed, changed)
+
+
+def stack_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Change]:
+    return split_differences(a, b, stack_differences(a, b))[0]
+
+
 def package_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> PackageChanges:
-    pa = dig(a, "python.packages") if isinstance(dig(a, "python.packages"), Mapping) else {}
-    pb = dig(b, "python.packages") if isinstance(dig(b, "python.packages"), Mapping) else {}
-    added = tuple((n, _package_version(pb[n])) for n in sorted(set(pb) - set(pa)))
-    removed = tuple((n, _package_version(pa[n])) for n in sorted(set(pa) - set(pb)))
-    changed = tuple((n, _package_version(pa[n]), _package_version(pb[n])) for n in sorted(set(pa) & set(pb))
-                    if _package_version(pa[n]) != _package_version(pb[n]))
-    return PackageChanges(added, removed, changed)
+    return split_differences(a, b, stack_differences(a, b))[1]
 
 
 def figure_changes(a: RunSummary, b: RunSummary) -> list[FigureChange]:
@@ -244,18 +211,16 @@ def figure_changes(a: RunSummary, b: RunSummary) -> list[FigureChange]:
 
 
 def _load(path: str, allowed_signers: str | os.PathLike[str] | None) -> tuple[Side, dict[str, Any]]:
-    raw = read_bytes(path)
-    body, _ = split_signed(raw)
-    data = parse_body(body, path)  # trust is not required here; the header reports it
-    status = signature_status(raw, path, allowed_signers)
-    return Side(path, summarize(data, raw, path, status.principal, status.fingerprint), status), data
+    opened = open_manifest(path, allowed_signers, require_trusted=False)  # the header reports trust
+    status = opened.signature
+    return Side(path, summarize(opened.data, opened.raw, path, status.principal, status.fingerprint), status), opened.data
 
 
 def compare_files(a: str, b: str, allowed_signers: str | os.PathLike[str] | None = None) -> Comparison:
     side_a, da = _load(a, allowed_signers)
     side_b, db = _load(b, allowed_signers)
-    return Comparison(side_a, side_b, tuple(stack_changes(da, db)), package_changes(da, db),
-                      tuple(figure_changes(side_a.summary, side_b.summary)))
+    stack, packages = split_differences(da, db, stack_differences(da, db))
+    return Comparison(side_a, side_b, tuple(stack), packages, tuple(figure_changes(side_a.summary, side_b.summary)))
 
 
 def _value(v: Any, unit: str = "") -> str:
@@ -267,7 +232,7 @@ def _value(v: Any, unit: str = "") -> str:
         return str(v).lower()
     if isinstance(v, (int, float)):
         return fmt_number(v) + (f" {unit}" if unit else "")
-    return str(v)
+    return printable(v)
 
 
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -279,7 +244,7 @@ def render(c: Comparison) -> str:
     lines = []
     for name, s in (("A", c.a), ("B", c.b)):
         sm = s.summary
-        lines.append(f"{name}: {s.path} ({sm.kind}, {sm.accelerator}, created {sm.created_utc}, id {sm.content_id})")
+        lines.append(printable(f"{name}: {s.path} ({sm.kind}, {sm.accelerator}, created {sm.created_utc}, id {sm.content_id})"))
         lines.append(f"   {s.signature.label}")
     lines.append("")
     n = len(c.stack) + (1 if c.packages else 0)
@@ -288,15 +253,16 @@ def render(c: Comparison) -> str:
                      "models, datasets, image, host, run definition)")
     else:
         lines.append("Stack: what changed from A to B")
-        rows = [[ch.group, ch.field, _value(ch.a), "->", _value(ch.b)] for ch in c.stack]
+        rows = [[ch.group, printable(ch.field), _value(ch.a), "->", _value(ch.b)] for ch in c.stack]
         if rows:
             lines.extend(_table(rows))
+        lines.extend(f"    {ch.field}: {printable(ch.detail)}" for ch in c.stack if ch.detail)
         p = c.packages
         if p:
             lines.append(f"  packages: {len(p.changed)} changed, {len(p.added)} added, {len(p.removed)} removed")
-            prow = [[n, a, "->", b] for n, a, b in p.changed]
-            prow += [[n, "(absent)", "->", v] for n, v in p.added]
-            prow += [[n, v, "->", "(absent)"] for n, v in p.removed]
+            prow = [[printable(n), printable(a), "->", printable(b)] for n, a, b in p.changed]
+            prow += [[printable(n), "(absent)", "->", printable(v)] for n, v in p.added]
+            prow += [[printable(n), printable(v), "->", "(absent)"] for n, v in p.removed]
             lines.extend(_table(prow, "    "))
     lines.append("")
     if not c.figures:

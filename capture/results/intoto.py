@@ -27,8 +27,10 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from capture.errors import KeyError_, SignatureError, TrustError
-from capture.manifest import parse_body, parse_trailer, read_bytes, split_signed
+from capture._safe_read import KEY_MAX_BYTES, read_regular
+from capture.errors import KeyError_, SignatureError
+from capture.signing import AllowedSigners
+from capture.verify.open import OpenedManifest, open_manifest
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -52,26 +54,21 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def statement(raw: bytes, name: str, source: str = "manifest") -> dict[str, Any]:
-    """The in-toto Statement for the manifest bytes ``raw`` stored under file name ``name``.
+def statement(opened: OpenedManifest, name: str) -> dict[str, Any]:
+    """The in-toto Statement for a manifest opened through the door, stored under file name ``name``.
 
     A signed manifest must carry a valid signature (its signer need not be trusted here: the
-    envelope's own signature says who attests); a tampered one is refused (exit 4).
+    envelope's own signature says who attests); a tampered one, or one whose body holds a
+    disguised ``signature`` table, never gets this far (exit 4 / exit 3).
     """
-    from capture import signing
-
-    body, trailer = split_signed(raw)
-    if trailer is not None:
-        try:
-            signing.verify_signed_bytes(raw, signing.AllowedSigners.empty(), source)
-        except TrustError:
-            pass  # valid signature by a signer nobody was asked to trust: fine for an export
-    predicate = _jsonable(parse_body(body, source))
-    if trailer is not None:
-        predicate["signature"] = parse_trailer(trailer, source)
+    if opened.signature.state == "invalid":
+        raise opened.error()
+    predicate = _jsonable(opened.data)
+    if opened.trailer is not None:
+        predicate["signature"] = dict(opened.trailer)
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": name, "digest": {"sha256": hashlib.sha256(raw).hexdigest()}}],
+        "subject": [{"name": name, "digest": {"sha256": hashlib.sha256(opened.raw).hexdigest()}}],
         "predicateType": PREDICATE_TYPE,
         "predicate": predicate,
     }
@@ -99,8 +96,9 @@ def export_intoto(path: str | os.PathLike[str], key_path: str | os.PathLike[str]
     from capture.signing import load_private_key
 
     key = load_private_key(key_path)
-    raw = read_bytes(path)
-    stmt = statement(raw, Path(path).name, str(path))
+    # Trust is not asked for (an empty list: no search); the signature must still be valid.
+    opened = open_manifest(path, AllowedSigners.empty(), require_trusted=False)
+    stmt = statement(opened, Path(path).name)
     payload = json.dumps(stmt, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return (json.dumps(envelope(payload, key), indent=2) + "\n").encode("utf-8")
 
@@ -111,7 +109,7 @@ def load_public_key(key_path: str | os.PathLike[str]) -> Ed25519PublicKey:
 
     p = Path(key_path)
     try:
-        first_line = p.read_bytes().split(b"\n", 1)[0].strip()
+        first_line = read_regular(p, KEY_MAX_BYTES, KeyError_, "key file").split(b"\n", 1)[0].strip()
     except OSError:
         first_line = b""  # load_private_key below names the problem
     if first_line.startswith(b"ssh-"):

@@ -39,11 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from capture.errors import ManifestError, TrustError, UsageError
-from capture.manifest import parse_body, read_bytes
 from capture.results import _publish
 from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
-from capture.results._sig import load_allowed
+from capture.verify.open import load_allowed, open_manifest
 from capture.results.summary import RunSummary, accelerator_slug, content_id, fmt_number, summarize
 
 log = logging.getLogger(__name__)
@@ -165,15 +164,11 @@ def _trust_file(repo, root: Path, rel_root: str) -> Path:
 
 
 def _verify(files: Sequence[str], allowed) -> list[tuple[str, bytes, dict, object]]:
-    from capture.signing import verify_signed_bytes
-
     out = []
     for f in files:
-        raw = read_bytes(f)
-        # (1) signature over the exact bytes, (2) signer trusted by THIS repository, (3) parse.
-        info, body = verify_signed_bytes(raw, allowed, f)
-        data = parse_body(body, f)
-        out.append((f, raw, data, info))
+        # Through the door: signature over the exact bytes, signer trusted by THIS repository, parse.
+        opened = open_manifest(f, allowed, require_trusted=True)
+        out.append((f, opened.raw, opened.data, opened.signature))
     return out
 
 

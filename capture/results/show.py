@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from capture.manifest import parse_body, read_bytes, split_signed
-from capture.results._sig import SignatureStatus, signature_status
+from capture._escape import printable, printable_lines
 from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
+from capture.verify.open import SignatureStatus, open_manifest
 
 log = logging.getLogger(__name__)
 _RUNTIME_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
@@ -27,21 +27,21 @@ class Shown:
     data: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "signature": asdict(self.signature), "summary": self.summary.to_json()}
+        return {"path": self.path, "signature": self.signature.to_json(), "summary": self.summary.to_json()}
 
 
 def load(path: str, allowed_signers: str | os.PathLike[str] | None = None) -> Shown:
-    raw = read_bytes(path)
-    body, _ = split_signed(raw)
-    data = parse_body(body, path)  # shown whatever the signature says; the header says it first
-    status = signature_status(raw, path, allowed_signers)
-    return Shown(path, summarize(data, raw, path, status.principal, status.fingerprint), status, data)
+    """Open through the door without requiring trust; the header says the signature state first."""
+    opened = open_manifest(path, allowed_signers, require_trusted=False)
+    status = opened.signature
+    return Shown(path, summarize(opened.data, opened.raw, path, status.principal, status.fingerprint), status,
+                 opened.data)
 
 
 def _kv(rows: list[tuple[str, str | None]]) -> list[str]:
     rows = [(k, v) for k, v in rows if v]
     width = max(len(k) for k, _ in rows)
-    return [f"{k:<{width}}  {v}" for k, v in rows]
+    return [f"{k:<{width}}  {printable(v)}" for k, v in rows]
 
 
 def _join(*parts: Any, sep: str = ", ") -> str | None:
@@ -79,7 +79,7 @@ def render(shown: Shown) -> str:
     ])
     skipped = sorted(k for k, v in d.items() if isinstance(v, dict) and set(v) == {"skipped"})
     if skipped:
-        lines.append(f"{'not probed':<{len('accelerator')}}  {', '.join(skipped)}")
+        lines.append(f"{'not probed':<{len('accelerator')}}  {printable(', '.join(skipped))}")
     if "trial" in d:
         lines.append("")
         lines.append(_trial_report(d, s))
@@ -93,9 +93,11 @@ def _trial_report(data: dict[str, Any], s: RunSummary) -> str:
         render_terminal = None
     if render_terminal is not None:
         try:
-            return render_terminal(data).rstrip()
-        except Exception:  # a manifest from another version must still be viewable
-            log.warning("the trial report could not render this manifest; showing the key figures only", exc_info=True)
+            return printable_lines(render_terminal(data).rstrip())
+        except Exception as exc:  # a manifest from another version must still be viewable
+            log.warning("the trial report could not render this manifest (%s); showing the key figures only",
+                        type(exc).__name__)
+            log.debug("trial report failure", exc_info=True)
     f = s.figures
     return "trial\n" + "\n".join("  " + line for line in _kv([
         ("tokens/s", fmt_number(f.tokens_per_s)),

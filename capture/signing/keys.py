@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -16,9 +17,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from capture import paths
 from capture._atomic import atomic_write
+from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, KEY_MAX_BYTES, read_regular
 from capture.errors import KeyError_, SignatureError, UsageError
-from capture.paths import config_dir
 from capture.signing.sshsig import _KEY_TYPES, _KEYGEN_HINT, _Reader, public_key_line
 from capture.signing.trust import _allowed_signers_line
 
@@ -78,7 +80,11 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     if stat.S_ISDIR(st.st_mode):
         raise KeyError_(f"{path}: is a folder, not a key file", "pass the private key file, e.g. --key ~/.config/capture/id_ed25519")
     try:
-        data = path.read_bytes()
+        data = read_regular(path, KEY_MAX_BYTES, KeyError_, "key file")
+    except FileNotFoundError:
+        raise KeyError_(f"{path}: no such key file", _KEYGEN_HINT) from None
+    except IsADirectoryError:
+        raise KeyError_(f"{path}: is a folder, not a key file", "pass the private key file") from None
     except PermissionError:
         raise KeyError_(f"{path}: permission denied reading the key", "run as the key's owner, or fix its owner with chown") from None
     except OSError as exc:
@@ -91,6 +97,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
         raise KeyError_(f"{path}: permissions {stat.S_IMODE(st.st_mode):04o} are too open for a private key",
                         f"chmod 600 {path}")
     text = data.lstrip()
+    loader: Callable[[], object]
     if text.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----"):
         if _openssh_cipher(data) not in (None, "none"):
             raise _passphrase_error(path)
@@ -139,11 +146,9 @@ def _openssh_cipher(data: bytes) -> str | None:
 
 
 def default_key_path() -> Path:
-    """``$CAPTURE_KEY``, else ``~/.config/capture/id_ed25519`` (``$XDG_CONFIG_HOME`` honoured)."""
-    env = os.environ.get("CAPTURE_KEY", "")
-    if env:
-        return Path(env).expanduser()
-    return config_dir() / "id_ed25519"
+    """``$CAPTURE_KEY``, else ``~/.config/capture/id_ed25519`` (``$XDG_CONFIG_HOME`` honoured):
+    :func:`capture.paths.default_key_path`."""
+    return paths.default_key_path()
 
 
 def _user_at_host() -> str:
@@ -157,8 +162,9 @@ def _user_at_host() -> str:
 def default_principal(key_path: str | os.PathLike[str]) -> str:
     """The comment of ``KEY.pub`` if it has one, else ``user@hostname``."""
     try:
-        fields = Path(str(key_path) + ".pub").read_text(encoding="utf-8").strip().split(None, 2)
-    except (OSError, UnicodeDecodeError):
+        pub = read_regular(str(key_path) + ".pub", KEY_MAX_BYTES, KeyError_, "public key file")
+        fields = pub.decode("utf-8").strip().split(None, 2)
+    except (OSError, UnicodeDecodeError, KeyError_):
         fields = []
     if len(fields) == 3 and fields[2].strip():
         return fields[2].strip()
@@ -178,11 +184,13 @@ def ensure_default_key() -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     principal = _user_at_host()
     line = generate_key(path, comment=principal)
-    allowed = config_dir() / "allowed_signers"
+    allowed = paths.personal_allowed_signers()
     try:
-        old = allowed.read_bytes()
+        old = read_regular(allowed, ALLOWED_SIGNERS_MAX_BYTES, KeyError_, "allowed-signers file")
     except FileNotFoundError:
         old = b""
+    except OSError as exc:
+        raise KeyError_(f"{allowed}: cannot read ({exc.strerror})", "check the file's permissions") from None
     if old and not old.endswith(b"\n"):
         old += b"\n"
     entry = _allowed_signers_line(principal, " ".join(line.split()[:2]))

@@ -129,7 +129,19 @@ class SignatureInfo:
 def verify_signed_bytes(raw: bytes, allowed: AllowedSigners | None, source: str) -> tuple[SignatureInfo, bytes]:
     """Check the signature over the exact bytes of BODY, then the signer's trust; returns (info, BODY).
 
-    Only after this returns may BODY be parsed (verify before parse).
+    Only after this returns may BODY be parsed (verify before parse). Commands do not call this
+    directly: they open manifests through :func:`capture.verify.open.open_manifest`.
+    """
+    info, body = check_signature_bytes(raw, source)
+    check_trust(info, allowed, source)
+    return SignatureInfo(info.principal, info.public_key, info.fingerprint, info.namespace,
+                         allowed.path if allowed else None), body
+
+
+def check_signature_bytes(raw: bytes, source: str) -> tuple[SignatureInfo, bytes]:
+    """Steps (1)-(6): the trailer and the signature over BODY's exact bytes, no trust yet.
+
+    Raises :class:`SignatureError` (exit 4); ``allowed_signers`` of the result is None.
     """
     # (1) split at the [signature] line; nothing may follow the trailer table
     body, trailer = manifest.split_signed(raw)
@@ -163,15 +175,20 @@ def verify_signed_bytes(raw: bytes, allowed: AllowedSigners | None, source: str)
     if fields["public_key"].strip() != signer:
         raise SignatureError(f"{source}: public_key in [signature] is not the key that made the signature",
                              "the trailer was edited; re-sign the manifest")
-    principal = fields["principal"]
-    info = SignatureInfo(principal, signer, fingerprint(signer), NAMESPACE, allowed.path if allowed else None)
-    # (7) trust: the allowed-signers file must list this principal with this key for this namespace
+    return SignatureInfo(fields["principal"], signer, fingerprint(signer), NAMESPACE, None), body
+
+
+def check_trust(info: SignatureInfo, allowed: AllowedSigners | None, source: str) -> None:
+    """Step (7): the allowed-signers file lists this principal with this key for this namespace.
+
+    Raises :class:`TrustError` (exit 4) naming the line to add.
+    """
+    principal = info.principal
     if allowed is None:
         raise TrustError(f"{source}: signature valid ({principal}, {info.fingerprint}) but no allowed-signers file was found",
                          "pass --allowed-signers FILE or set $CAPTURE_ALLOWED_SIGNERS")
-    if not allowed.is_trusted(principal, signer, NAMESPACE):
+    if not allowed.is_trusted(principal, info.public_key, NAMESPACE):
         raise TrustError(f"{source}: signer {principal} ({info.fingerprint}) is not trusted: "
-                         f"{allowed.explain(principal, signer, NAMESPACE)}",
+                         f"{allowed.explain(principal, info.public_key, NAMESPACE)}",
                          f"if you trust this key, add to {allowed.path or 'your allowed-signers file'}: "
-                         f"{_allowed_signers_line(principal, signer)}")
-    return info, body
+                         f"{_allowed_signers_line(principal, info.public_key)}")

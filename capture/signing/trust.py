@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, read_regular
 from capture.errors import TrustError, UsageError
 from capture.paths import config_dir
 from capture.signing.openssh import (  # noqa: F401 - match_pattern, parse_absolute_time: public API
@@ -119,7 +120,7 @@ class AllowedSigners:
     def load(cls, path: str | os.PathLike[str]) -> AllowedSigners:
         p = Path(path)
         try:
-            data = p.read_bytes()
+            data = read_regular(p, ALLOWED_SIGNERS_MAX_BYTES, UsageError, "allowed-signers file")
         except FileNotFoundError:
             raise UsageError(f"{p}: no such allowed-signers file", "check the path given to --allowed-signers "
                              "or $CAPTURE_ALLOWED_SIGNERS") from None

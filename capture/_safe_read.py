@@ -1,0 +1,93 @@
+"""Read a small input file safely: a regular file only, never more than a documented limit.
+
+Every file capture reads on a user's behalf (manifests, allowed-signers files, policy files, key
+files, trial configs) goes through :func:`read_regular`, so that a symlink to ``/dev/zero`` is not
+read until memory runs out, a FIFO does not block forever, and a huge file is refused after
+``limit_bytes + 1`` bytes instead of being loaded whole.
+
+- The file is opened with ``O_NONBLOCK`` (opening a FIFO returns at once) and checked with
+  ``fstat`` on the open descriptor (no race between the check and the read): anything but a
+  regular file is refused.
+- ``FileNotFoundError``, ``IsADirectoryError`` and ``PermissionError`` are raised unchanged, so each
+  caller keeps its own one-line message for them; every other problem (not a regular file, over
+  the limit, another OS error) raises ``error(message, hint)``, the caller's :class:`CaptureError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from capture.errors import CaptureError, ManifestError
+
+KIB = 1024
+MIB = 1024 * KIB
+
+MANIFEST_MAX_BYTES = 16 * MIB
+"""A manifest larger than this is refused (exit 3). Real ones are 20-40 KiB; a trial with scaling
+runs and every file of a model listed stays well under 1 MiB."""
+ALLOWED_SIGNERS_MAX_BYTES = 4 * MIB
+"""An allowed-signers file larger than this is refused (exit 2): about 40,000 signer lines."""
+CONFIG_MAX_BYTES = 1 * MIB
+"""Policy files and trial configs (exit 2)."""
+KEY_MAX_BYTES = 64 * KIB
+"""Key files (exit 2); an Ed25519 private key in OpenSSH format is about 400 bytes."""
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def size_str(n: int) -> str:
+    return f"{n // MIB} MiB" if n % MIB == 0 else f"{n // KIB} KiB"
+
+
+def read_regular(path: str | os.PathLike[str], limit_bytes: int,
+                 error: type[CaptureError] = ManifestError, what: str = "file") -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit_bytes``."""
+    shown = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except OSError as exc:
+        raise error(f"{shown}: cannot open the {what} ({exc.strerror or exc})", "check the path") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", shown)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{shown}: is {_kind(st.st_mode)}, not a regular file; refusing to read it as a {what}",
+                        f"name a regular {what}")
+        if st.st_size > limit_bytes:
+            raise error(f"{shown}: {what} is {st.st_size} bytes, over the {size_str(limit_bytes)} limit",
+                        f"a {what} this large is not one capture wrote; check the path")
+        chunks: list[bytes] = []
+        total = 0
+        while True:  # the size can change under us (a file still being written): read at most limit + 1
+            chunk = os.read(fd, min(1 * MIB, limit_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit_bytes:
+                raise error(f"{shown}: {what} is over the {size_str(limit_bytes)} limit",
+                            f"a {what} this large is not one capture wrote; check the path")
+        return b"".join(chunks)
+    except (IsADirectoryError, CaptureError):
+        raise
+    except OSError as exc:
+        raise error(f"{shown}: cannot read the {what} ({exc.strerror or exc})", "check the path and the disk") from None
+    finally:
+        os.close(fd)

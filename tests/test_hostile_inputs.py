@@ -1,0 +1,280 @@
+"""Hostile input never gets further than its documented exit code (issue 17, findings 3-6 and 11).
+
+Each case in tests/fixtures/hostile/ (and the ones that cannot be committed: huge files, FIFOs,
+symlinks to devices, made here) goes through every command that reads a manifest, in-process
+through ``capture._cli.main``: the exit code is the documented one (3 for every case here: see
+README "One door, one judgment"), stderr has exactly one ``error:`` line (and at most one
+``hint:``), no traceback. A few go through a real subprocess with an address-space limit, so a
+case that read /dev/zero into memory would die instead of passing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from capture import manifest as mf
+from capture._cli import main
+from test_results_helpers import make_results_repo  # noqa: F401  (a real results repository)
+
+HOSTILE = Path(__file__).parent / "fixtures" / "hostile"
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+def _head() -> bytes:
+    return b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "2026-12-02T00:00:00Z"\n'
+
+
+def _body_with(h200_body: bytes, edit: Callable[[dict], None]) -> bytes:
+    import tomllib
+
+    data = tomllib.loads(h200_body.decode())
+    edit(data)
+    return tomli_w.dumps(data).encode()
+
+
+def _set(path: str, value) -> Callable[[dict], None]:
+    def edit(d: dict) -> None:
+        *parents, last = path.split(".")
+        for p in parents:
+            d = d[int(p)] if isinstance(d, list) else d[p]
+        if isinstance(d, list):
+            d[int(last)] = value
+        else:
+            d[last] = value
+    return edit
+
+
+def _cases(tmp: Path, sign: Callable[[bytes], bytes], h200_body: bytes) -> dict[str, Path]:
+    """name -> file. Every case is exit 3 in every reading command."""
+    import datetime as dt
+
+    out: dict[str, Path] = {}
+
+    def put(name: str, data: bytes) -> None:
+        p = tmp / f"{name}.toml"
+        p.write_bytes(data)
+        out[name] = p
+
+    # (3) deep nesting: committed small files, their signed versions, and one too big to commit
+    for f in sorted(HOSTILE.glob("deep-*.toml")):
+        put(f.stem, f.read_bytes())
+        put(f"signed-{f.stem}", sign(f.read_bytes()))
+    put("deep-array-100000", _head() + b"x = " + b"[" * 100_000 + b"\n")
+    # (4) non-regular and huge
+    zero = tmp / "dev-zero.toml"
+    zero.symlink_to("/dev/zero")
+    out["symlink-to-dev-zero"] = zero
+    fifo = tmp / "fifo.toml"
+    os.mkfifo(fifo)
+    out["fifo"] = fifo
+    huge = tmp / "huge.toml"
+    with huge.open("wb") as fh:
+        fh.write(_head())
+        fh.truncate(17 * 1024 * 1024)  # sparse: 17 MiB that cost no disk
+    out["huge-17-mib"] = huge
+    # (6) wrong types inside validly signed manifests
+    for name, edit in {
+        "count-is-a-string": _set("accelerator.count", "1"),
+        "count-is-nan": _set("accelerator.count", float("nan")),
+        "tokens-per-s-is-inf": _set("trial.stats.tokens_per_s", float("inf")),
+        "created-is-a-date": _set("created_utc", dt.datetime(2026, 12, 2, tzinfo=dt.timezone.utc)),
+        "driver-is-a-date": _set("nvidia.driver_version", dt.date(2026, 12, 2)),
+        "models-is-a-number": _set("probe.models", 3),
+        "devices-is-a-table": _set("nvidia.devices", {"index": 0}),
+        "device-index-is-a-list": _set("nvidia.devices.0.index", [0]),
+        "framework-version-is-a-table": _set("framework.version", {"a": 1}),
+        "code-path-is-a-number": _set("code.path", 7),
+        "packages-is-a-list": _set("python.packages", [1, 2]),
+        "step-median-is-a-string": _set("trial.stats.step_time_median_s", "fast"),
+    }.items():
+        put(f"signed-{name}", sign(_body_with(h200_body, edit)))
+    # (5) disguised trailers: a body that holds a signature table in another spelling
+    signed = sign(h200_body)
+    body, trailer = mf.split_signed(signed)
+    assert trailer is not None
+    forged = body.replace(b'driver_version = "580.159.04"', b'driver_version = "999.99"')
+    for name, spelling in {"trailing-space": b"[signature] ", "inner-spaces": b"[ signature ]",
+                           "quoted": b'["signature"]', "trailing-tab": b"[signature]\t",
+                           "quoted-space": b'["signature" ]'}.items():
+        put(f"trailer-spelled-{name}", forged + trailer.replace(b"[signature]", spelling, 1))
+    put("signed-body-with-signature-subtable", sign(h200_body + b"\n[signature.x]\nprincipal = \"alice@lab\"\n"))
+    put("signed-body-with-dotted-signature-key", sign(b'signature.principal = "alice@lab"\n' + h200_body))
+    put("signed-body-with-inline-signature", sign(b'signature = { principal = "alice@lab" }\n' + h200_body))
+    put("unsigned-body-with-signature-table", _head() + b'[signature.format]\nx = "sshsig"\n')
+    # (11) control characters in keys
+    put("signed-key-with-escape", sign(_head() + b'[host]\n"os\\u001b[2K" = "x"\n'))
+    return out
+
+
+def _commands(f: Path, folder: Path, repo: Path, signer) -> dict[str, list[str]]:
+    a = ["--allowed-signers", str(signer.allowed)]
+    return {
+        "verify": ["verify", str(f), *a],
+        "verify-signature-only": ["verify", str(f), "--signature-only", *a],
+        "verify-json": ["verify", str(f), "--json", *a],
+        "verify-dir": ["verify", str(folder), "--signature-only", *a],
+        "diff": ["diff", str(f), str(f)],
+        "show": ["show", str(f), *a],
+        "compare": ["compare", str(f), str(f), *a],
+        "pin": ["pin", str(f), "--repo", str(repo)],
+        "export": ["export", str(f), "--format", "in-toto", "--key", str(signer.key)],
+        "sign": ["sign", str(f), "--key", str(signer.key)],
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, test_signer, h200_body):
+    tmp = tmp_path_factory.mktemp("hostile")
+    cases = _cases(tmp, test_signer.sign, h200_body)
+    repo = tmp_path_factory.mktemp("results") / "r"
+    from test_results_helpers import git
+
+    make_results_repo(repo)
+    (repo / ".capture" / "allowed_signers").write_text(test_signer.allowed.read_text())
+    git(repo, "commit", "-qam", "trust the test signer")
+    folders = {}
+    for name, f in cases.items():  # verify DIR: each case alone in a folder
+        d = tmp / "dirs" / name
+        d.mkdir(parents=True)
+        if f.is_fifo():
+            os.mkfifo(d / f.name)
+        elif f.is_symlink():
+            (d / f.name).symlink_to(os.readlink(f))
+        else:
+            (d / f.name).write_bytes(f.read_bytes()) if f.stat().st_size < 1 << 20 else (d / f.name).symlink_to(f)
+        folders[name] = d
+    return cases, folders, repo
+
+
+def _one_error(err: str) -> None:
+    assert "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, err
+    assert len([ln for ln in err.splitlines() if ln.startswith("hint:")]) <= 1, err
+
+
+CASE_NAMES = sorted(["deep-array-500", "deep-inline-table-500", "deep-table-headers-60", "deep-within-tomllib-limit-200",
+                     "signed-deep-array-500", "signed-deep-inline-table-500", "signed-deep-table-headers-60",
+                     "signed-deep-within-tomllib-limit-200", "deep-array-100000", "symlink-to-dev-zero", "fifo",
+                     "huge-17-mib", "signed-count-is-a-string", "signed-count-is-nan", "signed-tokens-per-s-is-inf",
+                     "signed-created-is-a-date", "signed-driver-is-a-date", "signed-models-is-a-number",
+                     "signed-devices-is-a-table", "signed-device-index-is-a-list",
+                     "signed-framework-version-is-a-table", "signed-code-path-is-a-number",
+                     "signed-packages-is-a-list", "signed-step-median-is-a-string",
+                     "signed-body-with-signature-subtable", "signed-body-with-dotted-signature-key",
+                     "signed-body-with-inline-signature", "unsigned-body-with-signature-table",
+                     "signed-key-with-escape"])
+
+
+def test_the_corpus_is_what_the_test_runs(corpus):
+    cases, _, _ = corpus
+    trailer_cases = [n for n in cases if n.startswith("trailer-spelled-")]
+    assert len(trailer_cases) == 5
+    assert set(cases) == set(CASE_NAMES) | set(trailer_cases)
+
+
+@pytest.mark.parametrize("command", ["verify", "verify-signature-only", "verify-json", "verify-dir", "diff", "show",
+                                     "compare", "pin", "export", "sign"])
+def test_every_hostile_case_is_exit_3_in_every_reading_command(corpus, test_signer, command, capsys):
+    cases, folders, repo = corpus
+    failures = []
+    for name, f in sorted(cases.items()):
+        before = f.read_bytes() if f.is_file() and not f.is_symlink() and f.stat().st_size < 1 << 20 else None
+        args = _commands(f, folders[name], repo, test_signer)[command]
+        rc = main(args)
+        out, err = capsys.readouterr()
+        if rc != 3:
+            failures.append(f"{name}: exit {rc}: {err.strip() or out[-300:]}")
+            continue
+        if command == "verify-dir":
+            assert "Traceback" not in err and not err.count("error:")
+            rows = out.splitlines()
+            assert rows[0].startswith("MALFORMED ") and rows[-1].startswith("1 manifest(s): 0 OK, 1 MALFORMED"), out
+            assert len(rows) == 2, out  # one row, one summary: nothing a file can add
+        elif command == "verify-json":
+            import json
+            assert json.loads(out)["status"] == "malformed"
+        else:
+            _one_error(err)
+            assert out == "" or command in ("show", "compare", "diff"), out
+        if before is not None:
+            assert f.read_bytes() == before, f"{command} changed {name}"
+    assert failures == []
+    assert not [p for p in repo.rglob("*.toml") if ".capture" not in p.parts], "pin wrote a hostile file"
+
+
+def test_the_forged_trailer_attack_is_refused_by_export(corpus, test_signer, capsys):
+    """Finding 5: `[signature] ` (trailing space) made export attest a tampered body with the signer's identity."""
+    cases, _, _ = corpus
+    f = cases["trailer-spelled-trailing-space"]
+    assert main(["export", str(f), "--format", "in-toto", "--key", str(test_signer.key)]) == 3
+    err = capsys.readouterr().err
+    assert "signature" in err and "not a signed manifest" in err
+
+
+@pytest.mark.parametrize("reader", ["allowed-signers", "policy", "key", "export-key"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_other_files_read_safely(tmp_path, test_signer, h200_body, reader, kind, capsys):
+    """Allowed signers, policy and key files: refused (exit 2, one line) when not regular or too big."""
+    bad = tmp_path / "bad"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "dev-zero":
+        bad.symlink_to("/dev/zero")
+    else:
+        with bad.open("wb") as fh:
+            fh.truncate(17 * 1024 * 1024)
+        bad.chmod(0o600)
+    m = tmp_path / "m.toml"
+    m.write_bytes(test_signer.sign(h200_body))
+    args = {
+        "allowed-signers": ["verify", str(m), "--signature-only", "--allowed-signers", str(bad)],
+        "policy": ["verify", str(m), "--signature-only", "--allowed-signers", str(test_signer.allowed), "--policy", str(bad)],
+        "key": ["sign", str(m), "--key", str(bad)],
+        "export-key": ["export", "--format", "pubkey-pem", "--key", str(bad)],
+    }[reader]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    _one_error(err)
+    assert re.search(r"not a regular file|over the .* limit|FIFO|character device", err), err
+
+
+def _limited() -> None:
+    lim = 1 << 30  # 1 GiB of address space: reading /dev/zero whole would die here
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+
+@pytest.mark.parametrize("name", ["symlink-to-dev-zero", "fifo", "huge-17-mib", "deep-array-100000",
+                                  "signed-count-is-nan", "signed-body-with-signature-subtable"])
+@pytest.mark.parametrize("command", ["verify", "show"])
+def test_subprocess_bounded_time_and_memory(corpus, test_signer, name, command):
+    cases, _, _ = corpus
+    args = [sys.executable, "-m", "capture", command, str(cases[name]), "--allowed-signers", str(test_signer.allowed)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=30, preexec_fn=_limited,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 3, r.stderr
+    _one_error(r.stderr)
+
+
+@pytest.mark.parametrize("text", ["[fields]\n\"a\" = " + "[" * 100_000 + "\n", "x = " + "{a = " * 600 + "1" + "}" * 600 + "\n",
+                                  "fields = 3\n", "[ignore]\nfields = [[[1]]]\n"])
+def test_hostile_policy_file_is_one_config_error(tmp_path, test_signer, h200_body, text, capsys):
+    """Finding 3 for --policy: a config error (exit 2, one line), never a RecursionError."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(text)
+    m = tmp_path / "m.toml"
+    m.write_bytes(test_signer.sign(h200_body))
+    for args in (["verify", str(m), "--policy", str(policy), "--allowed-signers", str(test_signer.allowed)],
+                 ["diff", str(m), str(m), "--policy", str(policy)]):
+        assert main(args) == 2
+        _one_error(capsys.readouterr().err)
