@@ -138,10 +138,14 @@ def test_a_nondeterministic_step_is_told_apart_from_missing_state():
     m["trial"]["recovery"].update(verdict="diverged at step 4", diverged_at_step=4, loss_diff=-0.000104,
                                   restore_repeat="differs from the first restore at step 4",
                                   deterministic_algorithms=False)
-    text = report.render_terminal(m, colour=False)
-    assert re.search(r"second restore +differs from the first restore at step 4: the training step is not", text)
-    assert ("differs from the first restore at step 4: the training step is not deterministic on this stack "
-            "(torch deterministic algorithms were off)") in report.render_html(m)  # the terminal line is cut
+    text = report.render_terminal(m, colour=False, width=200)
+    whole = ("differs from the first restore at step 4: the training step is not deterministic on this stack "
+             "(torch deterministic algorithms were off)")
+    assert re.search(r"second restore +" + re.escape(whole), text)
+    assert whole in report.render_html(m)
+    narrow = report.render_terminal(m, colour=False, width=80)  # wrapped to the width, never cut
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert whole in " ".join(narrow.split())
     m["trial"]["recovery"]["restore_repeat"] = "identical"
     assert "identical to the first: the checkpoint lacks state" in report.render_terminal(m, colour=False)
 
