@@ -59,10 +59,11 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, lim
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
            f'aria-label="{_e(title)}"><text x="4" y="14" font-weight="bold">{_e(title)}</text>']
     base = top + len(bars) * (bar_h + gap)
-    for t in _ticks(vmax):
+    div, unit = axis_unit(fmt, vmax)
+    for t in (tick * div for tick in _ticks(vmax / div)):
         if t <= vmax:
             out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{base - gap}" stroke="#e4e6ea"/>'
-                       f'<text x="{x(t):.1f}" y="{base + 6}" text-anchor="middle" fill="#667">{_e(fmt(t))}</text>')
+                       f'<text x="{x(t):.1f}" y="{base + 6}" text-anchor="middle" fill="#667">{_e(unit(t))}</text>')
     for i, (label, v, colour, text) in enumerate(bars):
         y = top + i * (bar_h + gap)
         out.append(f'<text x="{left - 6}" y="{y + bar_h * 0.75:.1f}" text-anchor="end">{_e(label)}</text>'
@@ -75,6 +76,19 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, lim
                    f'{_e(name)} {_e(bytes_str(v))}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def axis_unit(fmt: Any, vmax: float) -> tuple[float, Any]:
+    """Round ticks in the unit people read: hours, minutes or seconds; GiB or MiB; else plain."""
+    if fmt is seconds_str:
+        for div, name in ((3600, "h"), (60, "min"), (1, "s")):
+            if vmax >= 2 * div or div == 1:
+                return div, lambda t, d=div, n=name: f"{t / d:g} {n}"
+    if fmt is bytes_str:
+        for div, name in ((2**30, "GiB"), (2**20, "MiB"), (1, "B")):
+            if vmax >= div or div == 1:
+                return div, lambda t, d=div, n=name: f"{t / d:g} {n}"
+    return 1, fmt
 
 
 def _money(v: float) -> str:
@@ -108,7 +122,7 @@ def group_plots(g: Group) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], classes: list[str] | None = None, links: dict[int, list[str]] | None = None) -> str:
-    out = ["<table class=\"ranked\"><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    out = ["<div class=\"scroll\"><table class=\"ranked\"><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
     for i, r in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         cells = []
@@ -116,7 +130,7 @@ def _table(headers: list[str], rows: list[list[str]], classes: list[str] | None 
             href = (links or {}).get(j, [None] * len(rows))[i]
             cells.append(f'<td><a href="{_e(href)}">{_e(c)}</a></td>' if href else f"<td>{_e(c)}</td>")
         out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
-    return "".join(out) + "</table>"
+    return "".join(out) + "</table></div>"
 
 
 def _drift(g: Group) -> str:
@@ -171,7 +185,7 @@ def index_html(groups: list[Group], files: list[FileStatus], run_pages: dict[str
                        [[f.state.upper(), f.path, signature_label(f), f.kind or "-", f.note or ""] for f in files],
                        ["" if f.trusted else "untrusted" for f in files],
                        {1: [run_pages.get(f.path) for f in files]}))
-    return page("capture decide", "\n".join(body))
+    return page("capture decide", "\n".join(body)).replace("<body>", '<body class="site">', 1)
 
 
 def write_site(out_dir: str | os.PathLike[str], groups: list[Group], files: list[FileStatus], runs: list[Run]) -> Path:

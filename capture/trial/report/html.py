@@ -32,7 +32,8 @@ svg{display:block;margin:.5em 0;max-width:100%;height:auto}svg text{font:11px sy
 .panel{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1.2em;background:#f4f6f8;border:1px solid #ccd;
 border-radius:6px;padding:.8em 1em;margin:1em 0}.panel .k{color:#556;font-weight:600}.warn{color:#8a5a00}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}tr.untrusted td{color:#a4161a}
-nav a{margin-right:1em}.muted{color:#667}
+nav a{margin-right:1em}.muted{color:#667}body.site{max-width:100em}.scroll{overflow-x:auto}
+table.ranked{font-size:13px}table.ranked td,table.ranked th{padding:.2em .7em .2em 0}table.ranked tr:nth-child(even){background:#f7f8fa}
 """
 CSS = _CSS
 
@@ -156,10 +157,12 @@ def memory_svg(m: Mapping[str, Any]) -> str:
             acc += v
         out.append(f'<text x="{x(acc) + 4:.1f}" y="{yy + bar_h * 0.7:.1f}">{_e(bytes_str(acc))}</text>')
     base = top + len(bars) * (bar_h + gap)
-    for t in _nice_ticks(xmax, 6):  # the axis: where a bar ends can be read, not only hovered
+    div = 2**30 if xmax >= 2**30 else 2**20 if xmax >= 2**20 else 1
+    unit = {2**30: "GiB", 2**20: "MiB", 1: "B"}[div]
+    for t in (tick * div for tick in _nice_ticks(xmax / div, 6)):  # the axis: a bar's end can be read, not only hovered
         if t <= xmax:
             out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{base - gap}" stroke="#e4e6ea"/>'
-                       f'<text x="{x(t):.1f}" y="{top - 8}" text-anchor="middle" fill="#667">{_e(bytes_str(t))}</text>')
+                       f'<text x="{x(t):.1f}" y="{top - 8}" text-anchor="middle" fill="#667">{t / div:g} {unit}</text>')
     for i, (name, cap) in enumerate(on_scale):
         out.append(f'<line x1="{x(cap):.1f}" x2="{x(cap):.1f}" y1="{top - 6}" y2="{base}" stroke="#a4161a" '
                    f'stroke-dasharray="4,3"/><text x="{x(cap) - 3:.1f}" y="{base + 12 + 12 * (i % 3)}" '
