@@ -133,6 +133,10 @@ def _table(headers: list[str], rows: list[list[str]], classes: list[str] | None 
     return "".join(out) + "</table></div>"
 
 
+def _absent(v: Any) -> Any:
+    return "(absent)" if v is None else v
+
+
 def _drift(g: Group) -> str:
     from capture.results.compare import package_changes, stack_changes
 
@@ -146,7 +150,7 @@ def _drift(g: Group) -> str:
         if not changes and not pk:
             items.append(f"<li>{_e(r.slug)}: same stack as {_e(base.slug)}</li>")
             continue
-        shown = "".join(f"<li><code>{_e(c.field)}</code>: {_e(c.a)} → {_e(c.b)}</li>" for c in changes[:12])
+        shown = "".join(f"<li><code>{_e(c.field)}</code>: {_e(_absent(c.a))} → {_e(_absent(c.b))}</li>" for c in changes[:12])
         more = f"<li>… {len(changes) - 12} more</li>" if len(changes) > 12 else ""
         pkg = (f"<li>packages: {len(pk.changed)} changed, {len(pk.added)} added, {len(pk.removed)} removed</li>"
                if pk else "")
