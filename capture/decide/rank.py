@@ -16,26 +16,16 @@ from typing import Any
 
 from capture.decide.runs import Run, RunDefinition
 from capture.errors import UsageError
+from capture.results.compare import HIGH_CV, significant
 from capture.results.summary import dig
 from capture.trial.cost import project
 from capture.trial.fit import Catalog
 
 DEFAULT_TARGET_TOKENS = 1_000_000_000
-HIGH_CV = 0.05
-"""A step-time coefficient of variation above 5 % is called noisy."""
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def significant(a: float | None, b: float | None, cv_a: float | None, cv_b: float | None) -> bool | None:
-    """The noise rule (docs/decide.md): a change from A to B in step time or tokens/s is significant
-    only when the relative change exceeds the sum of the two runs' step-time CVs. None when a CV
-    is unknown (the change cannot be judged against noise)."""
-    if a is None or b is None or not a or cv_a is None or cv_b is None:
-        return None
-    return abs(b - a) / abs(a) > cv_a + cv_b
 
 
 @dataclass(frozen=True)
