@@ -273,3 +273,20 @@ def test_site_in_a_real_headless_browser(corpus, tmp_path, capsys):
     assert done.returncode == 0 and shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("CAPTURE_UPDATE_SCREENSHOT"):  # how docs/img/decide-site.png was made
         shutil.copyfile(shot, ROOT / "docs" / "img" / "decide-site.png")
+
+
+def test_this_repositorys_own_manifests_render(tmp_path, capsys):
+    """Real data: every manifest committed in ../manifests, H200 runs of other work included as they land."""
+    site = tmp_path / "site"
+    assert main(["decide", str(MANIFESTS), "-o", str(site), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    on_disk = sorted(str(p) for p in MANIFESTS.rglob("*.toml") if ".capture" not in p.parts)
+    assert sorted(f["path"] for f in doc["files"]) == on_disk
+    assert all(f["state"] == "ok" for f in doc["files"])  # signed by the project's trusted keys
+    trials = [f for f in doc["files"] if f["kind"] == "trial"]
+    assert sorted(p.stem for p in (site / "runs").iterdir()) == sorted(f["content_id"] for f in trials)
+    ranked = [c for g in doc["groups"] for c in g["configurations"] if c.get("rank_cost")]
+    assert len(ranked) == len(trials)  # every trusted trial with measured tokens/s is ranked in its group
+    index = (site / "index.html").read_text()
+    for f in doc["files"]:
+        assert f["path"] in index
