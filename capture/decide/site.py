@@ -163,7 +163,7 @@ def index_html(groups: list[Group], files: list[FileStatus], run_pages: dict[str
     body = ["<h1>Which card, how many, for how long</h1>",
             "<p class=\"muted\">Ranked by cost per million trained tokens to the target, then by time to the target, "
             "from each run's own measured figures. Runs with different run definitions are never ranked against "
-            "each other; unsigned, tampered or untrusted runs are shown greyed and never ranked. Untested cards get "
+            "each other; unsigned, tampered or untrusted runs are shown in red and never ranked. Untested cards get "
             "no speed figures, only a memory estimate.</p>"]
     for i, g in enumerate(groups, 1):
         body.append(f'<h2 id="group-{i}">Group {i}: {_e(g.definition.label())}</h2>')

@@ -139,7 +139,7 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     xmax = max([largest_bar] + [c for _, c in on_scale]) * 1.08 or 1.0
     w, left, right, bar_h, gap, top = 720, 110, 80, 22, 10, 34  # right: room for the bar's value
     pw = w - left - right
-    legend_rows = (len(terms) + 2) // 3
+    legend_rows = (len(terms) + 1) // 2
     off_lines = [off_scale[i:i + 3] for i in range(0, len(off_scale), 3)]
     h = top + len(bars) * (bar_h + gap) + 12 * max(1, min(3, len(on_scale))) + 40 + 14 * (legend_rows + len(off_lines) + bool(off_lines))
     x = lambda v: left + pw * v / xmax  # noqa: E731
@@ -170,8 +170,8 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     ly = base + 12 * max(1, min(3, len(on_scale))) + 20
     term_total = sum(v for _, v in terms) or 1.0
     for i, (name, v) in enumerate(terms):  # value and share in the legend: a sliver stays readable
-        lx = left + (i % 3) * 200
-        yy = ly + 14 * (i // 3)
+        lx = left + (i % 2) * 300
+        yy = ly + 14 * (i // 2)
         out.append(f'<rect x="{lx}" y="{yy - 9}" width="10" height="10" fill="{colour_of[name]}"/>'
                    f'<text x="{lx + 14}" y="{yy}">{_e(name)} {_e(bytes_str(v))} ({v / term_total * 100:.0f} %)</text>')
     if off_lines:
