@@ -21,9 +21,9 @@ import pytest
 
 from capture import manifest as mf
 from capture._cli import main
-from capture.decide import rank
 from capture.decide.rank import decide, significant
 from capture.decide.runs import expand, open_all
+from capture.fmt import number_str
 from capture.trial.fit import load_catalog
 from test_results_helpers import Signer
 
@@ -261,6 +261,8 @@ def test_site_in_a_real_headless_browser(corpus, tmp_path, capsys):
     assert [strip(r[2]) for r in rows] == [c.label for c in groups[0].configs]
     assert [strip(r[0]) for r in rows] == [str(c.rank_cost) if c.rank_cost else "-" for c in groups[0].configs]
     assert [strip(r[12]) for r in rows] == [c.run.file.state for c in groups[0].configs]
+    cpu_row = next(r for r, c in zip(rows, groups[0].configs) if Path(c.run.path).name == "cpu.toml")
+    assert strip(cpu_row[3]) == number_str(corpus[2]["cpu"]["trial"]["stats"]["tokens_per_s"])  # the manifest's own
     run_page = _chromium(tmp_path, "--dump-dom", next((site / "runs").iterdir()).as_uri())
     assert run_page.returncode == 0 and not _console_errors(run_page.stderr)
     assert 'aria-label="verdict"' in run_page.stdout

@@ -370,7 +370,7 @@ def _recovery_section(m: Mapping[str, Any]) -> Section:
     if _skipped(rec):
         sec.status = _skipped(rec)
         return sec
-    verdict = str(rec.get("verdict", NOT_MEASURED))
+    verdict = str(rec.get("verdict") or NOT_MEASURED)
     k, n = rec.get("save_at_step"), rec.get("total_steps")
     where = f" (checkpoint after step {k} of {n}" + (", restored in a fresh process)" if rec.get("fresh_process") else ")")
     sec.status = verdict + (where if _is_num(k) and _is_num(n) else "")
