@@ -199,6 +199,8 @@ def test_cli_json_text_and_usage_errors(corpus, capsys):
     assert "error: " in capsys.readouterr().err
     assert main(["decide", str(folder), "--price", "H200"]) == 2
     assert "CARD=PRICE" in capsys.readouterr().err
+    assert main(["decide", str(folder), "--allowed-signers", str(folder / "missing")]) == 2
+    assert "--allowed-signers" in capsys.readouterr().err
 
 
 def _site(corpus, tmp_path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from capture.errors import EXIT_OK, UsageError
@@ -40,6 +41,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
         raise UsageError("--target-tokens: must be > 0", "e.g. --target-tokens 2000000000")
     if args.target_epochs is not None and args.target_epochs <= 0:
         raise UsageError("--target-epochs: must be > 0", "e.g. --target-epochs 3")
+    if args.allowed_signers is not None and not os.path.isfile(args.allowed_signers):
+        raise UsageError(f"--allowed-signers: {args.allowed_signers} is not a file",
+                         "name an allowed-signers file, or leave the flag out for the usual search")
     prices = rank.parse_prices(args.price)
     catalog = load_catalog(args.catalog)
     found, files = runs.open_all(runs.expand(args.inputs), trust=args.allowed_signers)

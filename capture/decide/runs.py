@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capture.errors import CaptureError, UsageError
+from capture.errors import EXIT_MALFORMED, EXIT_USAGE, CaptureError, UsageError
 from capture.results.summary import content_id, dig
 from capture.verify.open import OpenedManifest, open_manifest
 
@@ -167,7 +167,9 @@ def open_all(paths: Iterable[Path], trust: Any = None) -> tuple[list[Run], list[
         try:
             opened = open_manifest(path, trust=trust, require_trusted=False)
         except CaptureError as exc:
-            state = "malformed" if exc.exit_code == 3 else "error"
+            if exc.exit_code == EXIT_USAGE:  # a bad trust file is the command's problem, not the manifest's
+                raise
+            state = "malformed" if exc.exit_code == EXIT_MALFORMED else "error"
             files.append(FileStatus(path, state, None, exc.message.removeprefix(f"{path}: "), None, None,
                                     "cannot be read: not ranked"))
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from capture.decide.rank import Config, Group
@@ -39,27 +40,44 @@ def row(c: Config) -> list[str]:
     ]
 
 
-def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in rows]
+def render(groups: list[Group], files: list[FileStatus], width: int | None = None) -> str:
+    """Tables wrapped to the terminal's width (rich; manifest strings as plain text, never markup)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
+    from capture.trial.report.terminal import _clean, terminal_width
 
-def render(groups: list[Group], files: list[FileStatus]) -> str:
-    lines = ["Files"]
-    lines += _table([[f.state.upper(), f.path, f.principal or f.reason or "", f.note or ""] for f in files])
+    buf = io.StringIO()
+    con = Console(file=buf, width=width or terminal_width(), no_color=True, color_system=None, highlight=False,
+                  markup=False, emoji=False)
+
+    def table(headers: list[str], rows: list[list[str]]) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+        for h in headers:  # a header's longest word stays whole; values wrap at spaces, fold only when they must
+            t.add_column(Text(h), overflow="fold", min_width=max(len(w) for w in h.split()))
+        for r in rows:
+            t.add_row(*(Text(_clean(c)) for c in r))
+        return t
+
+    con.print("Files")
+    con.print(table(["status", "file", "signer or reason", "note"],
+                    [[f.state.upper(), f.path, f.principal or f.reason or "", f.note or ""] for f in files]))
     for i, g in enumerate(groups, 1):
-        lines += ["", f"Group {i}: {g.definition.label()}"]
+        con.print()
+        con.print(Text(_clean(f"Group {i}: {g.definition.label()}")))
         if g.left_out_reason:
-            lines.append(f"  {g.left_out_reason}")
+            con.print(Text(_clean(g.left_out_reason)))
         if g.configs:
             c0 = g.configs[0]
-            lines.append(f"  target: {c0.target_tokens:,} tokens ({c0.target_source}); cost = time to target x price "
-                         "per device-hour x devices")
-            lines += _table([list(COLUMNS)] + [row(c) for c in g.configs])
+            con.print(Text(f"target: {c0.target_tokens:,} tokens ({_clean(c0.target_source)}); cost = time to target x "
+                           "price per device-hour x devices"))
+            con.print(table(list(COLUMNS), [row(c) for c in g.configs]))
         fits = [f"{u.name} {'fits' if u.fits else 'does not fit' if u.fits is False else 'unknown'}" for u in g.untested]
         if fits:
-            lines.append(f"  untested cards (memory only, estimate; no speed figures): {', '.join(fits)}")
-    return "\n".join(lines) + "\n"
+            con.print(Text(_clean(f"untested cards (memory only, estimate; no speed figures): {', '.join(fits)}")))
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
 
 def to_json(groups: list[Group], files: list[FileStatus]) -> dict[str, Any]:
