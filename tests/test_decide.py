@@ -294,3 +294,19 @@ def test_this_repositorys_own_manifests_render(tmp_path, capsys):
     index = (site / "index.html").read_text()
     for f in doc["files"]:
         assert f["path"] in index
+
+
+def test_price_sources_in_order_flag_catalog_manifest(tmp_path):
+    catalog = tmp_path / "accelerators.toml"
+    catalog.write_text('[[accelerator]]\nname = "H200 141GB"\nvendor = "nvidia"\nmatch = "H200(?! NVL)"\n'
+                       f"memory_bytes = {H200_BYTES}\nprice_per_hour = 4.25\n")
+    runs, _ = open_all([H200_RUN])
+    projection = runs[0].data["trial"]["cost"]["projection"]
+    (g,) = decide(runs, load_catalog(catalog), {})
+    (c,) = g.configs
+    assert c.price.per_device_hour == 4.25 and c.price.source == f"catalog ({catalog}): H200 141GB"
+    assert c.cost_to_target == pytest.approx(projection["total_s"] / 3600 * 4.25)
+    (g,) = decide(runs, load_catalog(catalog), {"H200 141GB": 2.0})
+    assert g.configs[0].price.source == "--price H200 141GB=2"
+    (g,) = decide(runs, load_catalog(), {})
+    assert g.configs[0].price.source == "manifest (--price-per-hour)" and g.configs[0].price.per_device_hour == 3.5

@@ -78,3 +78,18 @@ def test_init_inside_an_existing_repository(identity, tmp_path, capsys):
     flow = (top / ".github" / "workflows" / "capture.yml").read_text()
     assert "capture verify manifests --signature-only" in flow
     assert "code.py" in _git(top, "status", "--porcelain")  # other work is left alone
+
+
+def test_index_md_tells_full_from_lora_and_names_the_scaling():
+    from capture.results.index import render_markdown
+
+    rows = [{"path": "a.toml", "content_id": "aaaaaaaaaaaa", "kind": "trial", "method": "full",
+             "scaling": "ddp x2 eff 0.94 · fsdp x2 eff 0.78", "tokens_per_s": 64113.2, "step_time_median_s": 0.2555,
+             "step_time_cv": 0.0073, "peak_memory_bytes": 51795329024, "mfu": 0.3316},
+            {"path": "b.toml", "content_id": "bbbbbbbbbbbb", "kind": "trial", "method": "lora"}]
+    md = render_markdown(rows).decode()
+    header = next(line for line in md.splitlines() if line.startswith("| created"))
+    assert "| method | scaling |" in header and "| step CV |" in header and "| MFU |" in header
+    a = next(line for line in md.splitlines() if "aaaaaaaaaaaa" in line)
+    assert "| full | ddp x2 eff 0.94 · fsdp x2 eff 0.78 | 64,113 | 255.5 ms | 0.73 % | 48.24 GiB | 33.2 % |" in a
+    assert "| lora | - |" in next(line for line in md.splitlines() if "bbbbbbbbbbbb" in line)
