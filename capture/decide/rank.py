@@ -9,7 +9,6 @@ Untested cards get no speed figures (settled decision 5): a memory fit at most, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -293,6 +292,3 @@ def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], targe
                                  + "; ".join(g.definition.differences(first)))
     return groups
 
-
-def slugify(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80]

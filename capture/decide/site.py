@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capture._atomic import atomic_write
-from capture.decide.rank import Config, Group
+from capture.decide.rank import Group
 from capture.decide.runs import FileStatus, Run
 from capture.decide.text import COLUMNS, row
 from capture.fmt import bytes_str, number_str, seconds_str
@@ -165,6 +165,8 @@ def index_html(groups: list[Group], files: list[FileStatus], run_pages: dict[str
             "from each run's own measured figures. Runs with different run definitions are never ranked against "
             "each other; unsigned, tampered or untrusted runs are shown in red and never ranked. Untested cards get "
             "no speed figures, only a memory estimate.</p>"]
+    body.append("<nav>" + "".join(f'<a href="#group-{i}">group {i}</a>' for i in range(1, len(groups) + 1))
+                + '<a href="#files">files and trust</a></nav>')
     for i, g in enumerate(groups, 1):
         body.append(f'<h2 id="group-{i}">Group {i}: {_e(g.definition.label())}</h2>')
         if g.left_out_reason:
