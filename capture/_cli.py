@@ -16,7 +16,7 @@ import sys
 from capture import __version__
 from capture.errors import EXIT_USAGE, CaptureError
 
-COMMAND_GROUPS = ("core", "trial", "image", "results", "preflight", "exec")
+COMMAND_GROUPS = ("core", "trial", "image", "results", "preflight", "exec", "decide")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -112,7 +112,7 @@ def test_show_summary(two_runs, capsys):
     assert main(["show", str(pa), "--allowed-signers", str(trusted)]) == 0
     out = capsys.readouterr().out
     assert "signature    signature valid, signer trusted by alice@lab" in out
-    assert "accelerator  NVIDIA H200 x1 (140.4 GiB each)" in out
+    assert "accelerator  NVIDIA H200 x1 (140.40 GiB each)" in out
     assert "framework    torch 2.11.0+cu130, cuDNN 91900, NCCL/RCCL 2.28.9" in out
     assert "meta-llama/Llama-3.2-1B@4e20de362430" in out
     # the trial part: the trial report's table, or the fallback table, both with the figures
@@ -138,3 +138,27 @@ def test_model_built_from_config_is_named_by_type(tmp_path, keys):
                                   "weights": "none (random init from config, seeded)"}
     keys["alice"].write(tmp_path / "tiny.toml", m)
     assert show_load(str(tmp_path / "tiny.toml")).summary.models == ("gpt2 (from_config)",)
+
+
+def test_a_change_within_the_runs_noise_is_not_called_better(tmp_path, keys, capsys):
+    """The rule: significant only when |B - A| / A > CV_A + CV_B (docs/decide.md)."""
+    trusted = tmp_path / "allowed_signers"
+    trusted.write_text(keys["alice"].allowed_line)
+    a, b = h200_manifest(), h200_manifest(created_utc="2026-12-03T09:00:00Z")
+    a["trial"]["stats"]["step_time_cv"] = 0.02
+    b["trial"]["stats"]["step_time_cv"] = 0.08  # noisy
+    b["trial"]["stats"]["tokens_per_s"] = a["trial"]["stats"]["tokens_per_s"] * 1.05  # 5 % < 2 % + 8 %
+    b["trial"]["stats"]["step_time_median_s"] = a["trial"]["stats"]["step_time_median_s"] * 0.5  # 50 % > 10 %
+    keys["alice"].write(tmp_path / "a.toml", a)
+    keys["alice"].write(tmp_path / "b.toml", b)
+    c = compare_files(str(tmp_path / "a.toml"), str(tmp_path / "b.toml"), trusted)
+    fig = {f.name: f for f in c.figures}
+    assert fig["tokens_per_s"].verdict == "within noise" and fig["tokens_per_s"].significant is False
+    assert fig["step_time_median_s"].verdict == "better" and fig["step_time_median_s"].significant is True
+    assert fig["peak_memory_bytes"].significant is None
+    main(["compare", str(tmp_path / "a.toml"), str(tmp_path / "b.toml"), "--allowed-signers", str(trusted)])
+    out = capsys.readouterr().out
+    assert "step-time CV: A 2.00 %, B 8.00 %" in out
+    assert "B: step-time CV 8.0 % is high (above 5 %)" in out
+    tok = next(line for line in out.splitlines() if line.strip().startswith("tokens/s"))
+    assert tok.rstrip().endswith("within noise")

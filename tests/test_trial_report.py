@@ -138,10 +138,14 @@ def test_a_nondeterministic_step_is_told_apart_from_missing_state():
     m["trial"]["recovery"].update(verdict="diverged at step 4", diverged_at_step=4, loss_diff=-0.000104,
                                   restore_repeat="differs from the first restore at step 4",
                                   deterministic_algorithms=False)
-    text = report.render_terminal(m, colour=False)
-    assert re.search(r"second restore +differs from the first restore at step 4: the training step is not", text)
-    assert ("differs from the first restore at step 4: the training step is not deterministic on this stack "
-            "(torch deterministic algorithms were off)") in report.render_html(m)  # the terminal line is cut
+    text = report.render_terminal(m, colour=False, width=200)
+    whole = ("differs from the first restore at step 4: the training step is not deterministic on this stack "
+             "(torch deterministic algorithms were off)")
+    assert re.search(r"second restore +" + re.escape(whole), text)
+    assert whole in report.render_html(m)
+    narrow = report.render_terminal(m, colour=False, width=80)  # wrapped to the width, never cut
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert whole in " ".join(narrow.split())
     m["trial"]["recovery"]["restore_repeat"] = "identical"
     assert "identical to the first: the checkpoint lacks state" in report.render_terminal(m, colour=False)
 
@@ -284,3 +288,81 @@ def test_percentile_matches_numpy(q):
 
 def test_html_path_sits_next_to_the_manifest():
     assert report.html_path_for(Path("results/trial-tiny.toml")) == Path("results/trial-tiny.html")
+
+
+PREFLIGHT = {"mode": "quick", "verdict": "warn", "duration_s": 12.3, "device_kind": "cuda", "checks": [
+    {"name": "gemm_bf16", "device": 0, "verdict": "pass", "reason": "within the datasheet range", "value": 790.1,
+     "unit": "TFLOP/s", "expected": "700-989 TFLOP/s (H200 SXM, datasheet dense bf16 989)"},
+    {"name": "pcie_link", "verdict": "warn", "reason": "Gen4 x16, expected Gen5 x16", "value": "Gen4 x16"}]}
+SCALING = {"world_size": 2, "device_type": "cuda", "collective": {"library": "nccl", "version": "2.28.9"},
+           "batch": {"tokens_per_optimizer_step": 16384, "per_rank_micro_batch": 4, "per_rank_grad_accum": 1,
+                     "method": "micro_batch divided by world_size"},
+           "baseline": {"throughput_tokens_per_s": 64000.0, "step_time_median_s": 0.256},
+           "ddp": {"throughput_tokens_per_s": 120000.0, "efficiency": 0.9375, "step_time_median_s": 0.137,
+                   "step_time_p90_s": 0.139, "step_time_cv": 0.004, "peak_memory_per_rank_bytes": 48 * 2**30,
+                   "comm_share": 0.12, "recovery": {"verdict": "bit-exact"}},
+           "fsdp": {"throughput_tokens_per_s": 100000.0, "efficiency": 0.78125, "step_time_median_s": 0.164,
+                    "peak_memory_per_rank_bytes": 30 * 2**30, "comm_share_note": "not attributable",
+                    "recovery": {"verdict": "diverged at step 3"}},
+           "reading": "choose DDP for throughput (120000 vs 100000 tokens/s), FSDP for memory"}
+
+
+def test_sections_run_in_trial_order_with_preflight_and_scaling():
+    m = _manifest()
+    m["preflight"], m["scaling"] = PREFLIGHT, SCALING
+    titles = [s.title for s in report.sections(m)]
+    assert titles == ["Stack", "Preflight", "Run", "Memory", "Steps", "Validation", "Checkpoint", "Fit", "Recovery",
+                      "Scaling", "Cost"]
+    text = report.render_terminal(m, colour=False, width=160)
+    assert "Preflight   warn (quick mode, cuda, 12.30 s)" in text
+    assert re.search(r"gemm_bf16 +0 +pass +790 TFLOP/s +700-989 TFLOP/s", text)
+    assert re.search(r"pcie_link +warn +Gen4 x16", text)
+    assert re.search(r"1 device +DDP x2 +FSDP x2", text)  # side by side
+    assert re.search(r"useful throughput +64,000 tok/s +120,000 tok/s +100,000 tok/s", text)
+    assert re.search(r"scaling efficiency +1 \(by definition\) +0\.938 +0\.781", text)
+    assert re.search(r"restore in fresh processes +- +bit-exact +diverged at step 3", text)
+    assert "Scaling     choose DDP for throughput" in text
+    html_text = report.render_html(m)
+    assert "<h2>Scaling</h2>" in html_text and "<h2>Preflight</h2>" in html_text and "FSDP x2" in html_text
+
+
+def test_verdict_panel_comes_first():
+    m = _manifest()
+    m["preflight"], m["scaling"] = PREFLIGHT, SCALING
+    panel = {v.label: v for v in report.verdict_panel(m, "signature valid, signer trusted by alice@lab")}
+    assert list(panel) == ["signature", "stack", "preflight", "fits", "recovery", "tokens/s", "MFU", "cost / M tokens",
+                           "scaling"]
+    assert panel["signature"].state == "ok" and panel["recovery"].state == "ok" and panel["preflight"].state == "warn"
+    assert panel["fits"].value == "fits on H200 141GB, 65.6 % headroom"
+    assert panel["tokens/s"].value == "64,113 tok/s (step CV 0.73 %)"
+    assert panel["MFU"].value == "33.2 %"
+    assert panel["scaling"].value == "DDP x2 efficiency 0.938, FSDP x2 efficiency 0.781"
+    text = report.render_terminal(m, colour=False, signature="signature valid, signer trusted by alice@lab")
+    assert text.index("signature valid") < text.index("\nStack ")
+    html_text = report.render_html(m, "NOT signed")
+    assert html_text.index('aria-label="verdict"') < html_text.index("<h2>Stack</h2>")
+    assert '<div class="bad">NOT signed</div>' in html_text
+
+
+def test_a_high_cv_is_called_out_and_no_python_none_anywhere(tmp_path):
+    m = _manifest()
+    m["trial"]["stats"]["step_time_cv"] = 0.12
+    del m["trial"]["cost"]["price_per_hour"]
+    panel = {v.label: v for v in report.verdict_panel(m)}
+    assert panel["tokens/s"].value.endswith("(step CV 12.00 %, HIGH)") and panel["tokens/s"].state == "warn"
+    for broken in ({}, {"trial": {"recovery": {"verdict": None}, "stats": {"tokens_per_s": None}}}, m):
+        assert "None" not in report.render_terminal(broken, colour=False)
+        assert "None" not in report.render_html(broken)
+
+
+def test_recovery_fields_a_newer_stage_adds_are_shown():
+    """Helper stages add tables to [trial.recovery]: arrays of tables become tables, verdicts stand out."""
+    m = _manifest()
+    m["trial"]["recovery"]["component_verdict"] = "all restored state matches"
+    m["trial"]["recovery"]["restored"] = [{"component": "model", "hash_saved": "sha256:aa", "hash_restored": "sha256:aa",
+                                           "equal": True},
+                                          {"component": "rng_cuda", "hash_saved": "sha256:bb", "equal": False}]
+    text = report.render_terminal(m, colour=False, width=160)
+    assert re.search(r"COMPONENT VERDICT +all restored state matches", text)
+    assert re.search(r"restored: component +hash saved +hash restored +equal", text)
+    assert re.search(r"rng_cuda +sha256:bb +no", text)

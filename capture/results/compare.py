@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from capture._escape import printable
-from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
+from capture.fmt import bytes_str, number_str
+from capture.results.summary import RunSummary, dig, summarize
 from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy
@@ -65,6 +66,20 @@ FIGURES: tuple[tuple[str, str, str, bool | None], ...] = (
 )
 
 
+NOISE_FIGURES = frozenset({"tokens_per_s", "step_time_median_s", "step_time_p90_s"})
+NOISE_RULE = ("a change in step time or tokens/s is significant only when |B - A| / A exceeds the sum of the two "
+              "runs' step-time coefficients of variation (CV_A + CV_B); smaller changes are within noise")
+HIGH_CV = 0.05
+"""A run whose step-time CV is above this is called out as noisy."""
+
+
+def significant(a: float | None, b: float | None, cv_a: float | None, cv_b: float | None) -> bool | None:
+    """:data:`NOISE_RULE`; None when either CV (or A) is unknown."""
+    if a is None or b is None or not a or cv_a is None or cv_b is None:
+        return None
+    return abs(b - a) / abs(a) > cv_a + cv_b
+
+
 @dataclass(frozen=True)
 class Change:
     group: str
@@ -102,7 +117,10 @@ class FigureChange:
     relative_change: float | None
     """(B - A) / A; None when either is missing, A is zero, or the figure is not a number."""
     verdict: str
-    """``better``, ``worse``, ``same``, ``changed`` or ``not comparable``."""
+    """``better``, ``worse``, ``same``, ``within noise``, ``changed`` or ``not comparable``."""
+    significant: bool | None = None
+    """Step time and tokens/s only: whether the change exceeds the two runs' measured variation
+    (:data:`NOISE_RULE`); None where a CV is missing or the figure has no noise measure."""
 
 
 @dataclass(frozen=True)
@@ -203,10 +221,13 @@ def figure_changes(a: RunSummary, b: RunSummary) -> list[FigureChange]:
             verdict = "changed"
         else:
             verdict = "better" if (rel > 0) == higher_better else "worse"
+        sig = significant(va, vb, a.figures.step_time_cv, b.figures.step_time_cv) if name in NOISE_FIGURES else None
+        if sig is False and verdict in ("better", "worse"):
+            verdict = "within noise"
         if name == "peak_memory_bytes" and a.figures.peak_memory_source != b.figures.peak_memory_source:
             label = f"peak memory ({a.figures.peak_memory_source} vs {b.figures.peak_memory_source})"
             verdict = "not comparable" if verdict in ("better", "worse") else verdict
-        out.append(FigureChange(name, label, unit, va, vb, rel, verdict))
+        out.append(FigureChange(name, label, unit, va, vb, rel, verdict, sig))
     return out
 
 
@@ -227,11 +248,11 @@ def _value(v: Any, unit: str = "") -> str:
     if v is None:
         return "(absent)"
     if unit == "bytes" and isinstance(v, (int, float)):
-        return human_bytes(v)
+        return bytes_str(v)
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, (int, float)):
-        return fmt_number(v) + (f" {unit}" if unit else "")
+        return number_str(v) + (f" {unit}" if unit else "")
     return printable(v)
 
 
@@ -275,4 +296,11 @@ def render(c: Comparison) -> str:
             unit = f.unit if f.unit != "bytes" else "bytes"
             rows.append([f.label, _value(f.a, unit), "->", _value(f.b, unit), rel, f.verdict])
         lines.extend(_table(rows))
+        cvs = [(n, s.summary.figures.step_time_cv) for n, s in (("A", c.a), ("B", c.b))]
+        lines.append("  step-time CV: " + ", ".join(f"{n} {cv * 100:.2f} %" if cv is not None else f"{n} not measured"
+                                                   for n, cv in cvs) + f"; {NOISE_RULE}")
+        for n, cv in cvs:
+            if cv is not None and cv > HIGH_CV:
+                lines.append(f"  {n}: step-time CV {cv * 100:.1f} % is high (above {HIGH_CV * 100:.0f} %): "
+                             "its step time and tokens/s are noisy")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import ManifestError
-from capture.results.summary import fmt_number, human_bytes
+from capture.fmt import bytes_str, number_str, percent_str, seconds_str
 
 INDEX_JSON = "index.json"
 INDEX_MD = "index.md"
@@ -61,11 +61,15 @@ _MD_COLUMNS = (
     ("CUDA/ROCm", lambda r: f"{r['runtime']} {r.get('runtime_version', '')}".strip() if r.get("runtime") not in (None, "cpu") else "-"),
     ("torch", lambda r: r.get("torch_version", "-")),
     ("model@revision", lambda r: ", ".join(r.get("models") or ()) or "-"),
-    ("tokens/s", lambda r: fmt_number(r.get("tokens_per_s"))),
-    ("step median (s)", lambda r: fmt_number(r.get("step_time_median_s"))),
-    ("peak memory", lambda r: human_bytes(r.get("peak_memory_bytes"))),
+    ("method", lambda r: r.get("method", "-")),
+    ("scaling", lambda r: r.get("scaling", "-")),
+    ("tokens/s", lambda r: number_str(r.get("tokens_per_s"))),
+    ("step median", lambda r: seconds_str(r.get("step_time_median_s"))),
+    ("step CV", lambda r: percent_str(r.get("step_time_cv"), 2)),
+    ("peak memory", lambda r: bytes_str(r.get("peak_memory_bytes"))),
+    ("MFU", lambda r: percent_str(r.get("mfu"))),
     ("recovery", lambda r: r.get("recovery_verdict", "-")),
-    ("cost / M tokens", lambda r: fmt_number(r.get("cost_per_million_tokens"))),
+    ("cost / M tokens", lambda r: number_str(r.get("cost_per_million_tokens"))),
     ("signer", lambda r: r.get("signer", "-")),
     ("manifest", lambda r: f"[{r['content_id']}]({r['path']})"),
 )

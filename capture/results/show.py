@@ -1,7 +1,9 @@
 """`capture show FILE`: one manifest, readable, for people who would rather not read TOML.
 
-The trial part is the trial report's own terminal table (:func:`capture.trial.report.render_terminal`)
-when that module is installed; otherwise a short table of the key figures.
+The trial part is the trial report's own terminal report (:func:`capture.trial.report.render_terminal`):
+the verdict panel, then every section in run order (preflight, run, memory, steps, validation,
+checkpoint, fit, recovery, scaling, cost), wrapped to the terminal; where the report cannot be
+imported, a short table of the key figures.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture._escape import printable, printable_lines
-from capture.results.summary import RunSummary, dig, fmt_number, human_bytes, summarize
+from capture.fmt import bytes_str, number_str, percent_str, seconds_str
+from capture.results.summary import RunSummary, dig, summarize
 from capture.verify.open import SignatureStatus, open_manifest
 
 log = logging.getLogger(__name__)
@@ -53,7 +56,7 @@ def render(shown: Shown) -> str:
     s, d = shown.summary, shown.data
     acc = s.accelerator
     if s.memory_per_device_bytes:
-        acc += f" ({human_bytes(s.memory_per_device_bytes)} each)"
+        acc += f" ({bytes_str(s.memory_per_device_bytes)} each)"
     code = None
     if dig(d, "code.commit"):
         code = _join(f"commit {s.code_commit}", dig(d, "code.branch") and f"branch {dig(d, 'code.branch')}",
@@ -82,30 +85,30 @@ def render(shown: Shown) -> str:
         lines.append(f"{'not probed':<{len('accelerator')}}  {printable(', '.join(skipped))}")
     if "trial" in d:
         lines.append("")
-        lines.append(_trial_report(d, s))
+        lines.append(_trial_report(d, s, shown.signature.label))
     return "\n".join(lines)
 
 
-def _trial_report(data: dict[str, Any], s: RunSummary) -> str:
+def _trial_report(data: dict[str, Any], s: RunSummary, signature: str | None = None) -> str:
     try:
         from capture.trial.report import render_terminal
     except ImportError:
         render_terminal = None
     if render_terminal is not None:
         try:
-            return printable_lines(render_terminal(data).rstrip())
+            return printable_lines(render_terminal(data, signature=signature).rstrip())
         except Exception as exc:  # a manifest from another version must still be viewable
             log.warning("the trial report could not render this manifest (%s); showing the key figures only",
                         type(exc).__name__)
             log.debug("trial report failure", exc_info=True)
     f = s.figures
     return "trial\n" + "\n".join("  " + line for line in _kv([
-        ("tokens/s", fmt_number(f.tokens_per_s)),
-        ("step time median", f.step_time_median_s is not None and f"{fmt_number(f.step_time_median_s)} s" or "-"),
-        ("step time p90", f.step_time_p90_s is not None and f"{fmt_number(f.step_time_p90_s)} s" or "-"),
-        ("peak memory", _join(human_bytes(f.peak_memory_bytes), f.peak_memory_source and f"({f.peak_memory_source})", sep=" ")),
-        ("MFU", fmt_number(f.mfu)),
-        ("checkpoint write", f.checkpoint_write_s is not None and f"{fmt_number(f.checkpoint_write_s)} s" or "-"),
+        ("tokens/s", number_str(f.tokens_per_s)),
+        ("step time median", seconds_str(f.step_time_median_s)),
+        ("step time p90", seconds_str(f.step_time_p90_s)),
+        ("peak memory", _join(bytes_str(f.peak_memory_bytes), f.peak_memory_source and f"({f.peak_memory_source})", sep=" ")),
+        ("MFU", percent_str(f.mfu)),
+        ("checkpoint write", seconds_str(f.checkpoint_write_s)),
         ("recovery", f.recovery_verdict or "-"),
-        ("cost / M tokens", fmt_number(f.cost_per_million_tokens)),
+        ("cost / M tokens", number_str(f.cost_per_million_tokens)),
     ]))

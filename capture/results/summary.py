@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from capture.fmt import bytes_str, number_str
+
 CONTENT_ID_HEX = 12
 
 
@@ -95,6 +97,8 @@ class Figures:
     tokens_per_s: float | None = None
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
+    step_time_cv: float | None = None
+    """Coefficient of variation of the measured step times: the run's own noise."""
     peak_memory_bytes: int | None = None
     peak_memory_source: str | None = None
     """Which measurement ``peak_memory_bytes`` is: device total, allocator reserved or allocated."""
@@ -112,6 +116,7 @@ FIGURE_PATHS: dict[str, tuple[str, ...]] = {
     "tokens_per_s": ("trial.stats.tokens_per_s",),
     "step_time_median_s": ("trial.stats.step_time_median_s",),
     "step_time_p90_s": ("trial.stats.step_time_p90_s",),
+    "step_time_cv": ("trial.stats.step_time_cv",),
     "peak_memory_bytes": (
         "trial.memory.measured.device_used_bytes",
         "trial.memory.measured.peak_reserved_bytes",
@@ -168,6 +173,10 @@ class RunSummary:
     models: tuple[str, ...]
     datasets: tuple[str, ...]
     figures: Figures
+    method: str | None = None
+    """``full`` or ``lora`` (trial.run.method)."""
+    scaling: str | None = None
+    """``ddp x2 eff 0.90 · fsdp x2 eff 0.61``: the strategies the scaling step measured."""
     path: str | None = None
     signer: str | None = None
     signer_fingerprint: str | None = None
@@ -226,32 +235,32 @@ def summarize(data: Mapping[str, Any], raw: bytes, path: str | None = None,
         models=artifact_refs(data, "models"),
         datasets=artifact_refs(data, "datasets"),
         figures=figures(data),
+        method=_str(dig(data, "trial.run.method")),
+        scaling=scaling_label(data),
         path=path,
         signer=signer,
         signer_fingerprint=signer_fingerprint,
     )
 
 
+def scaling_label(data: Mapping[str, Any]) -> str | None:
+    """The strategies of ``[scaling]`` with their world size and efficiency, or None."""
+    sc = data.get("scaling")
+    if not isinstance(sc, Mapping) or sc.get("skipped"):
+        return None
+    parts = []
+    for name in ("ddp", "fsdp"):
+        s = sc.get(name)
+        if isinstance(s, Mapping):
+            eff = _number(s.get("efficiency"))
+            parts.append(f"{name} x{sc.get('world_size', '?')}" + (f" eff {eff:.2f}" if eff is not None else ""))
+    return " · ".join(parts) or None
+
+
 def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    x = float(n)
-    for unit in units:
-        if abs(x) < 1024 or unit == units[-1]:
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return f"{n} B"
-
-
-def fmt_number(v: float | int | None, digits: int = 3) -> str:
-    """A figure for people: 64113, 0.256, 0.332; "-" for not measured."""
-    if v is None:
-        return "-"
-    if isinstance(v, int) or abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}g}"
+# The one formatter (capture.fmt), under the names the index and pin used before.
+human_bytes = bytes_str
+fmt_number = number_str

@@ -1,0 +1,184 @@
+"""Opening every manifest of a decision, and what each one says about the run it defines.
+
+Every file goes through the one door (:func:`capture.verify.open.open_manifest`, trust not
+required): a malformed file is listed with its reason, an unsigned, tampered or untrusted one is
+kept and shown as such, but never ranked as trusted (:mod:`capture.decide.rank`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capture.errors import EXIT_MALFORMED, EXIT_USAGE, CaptureError, UsageError
+from capture.results.summary import content_id, dig
+from capture.verify.open import OpenedManifest, open_manifest
+
+SKIP_DIRS = {".git", ".capture", "site", "node_modules", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class RunDefinition:
+    """What must be equal for two runs to be ranked against each other (guide point 1)."""
+
+    model: str
+    method: str
+    precision: str
+    seq_len: str
+    global_batch_tokens: str
+
+    FIELDS = ("model", "method", "precision", "seq_len", "global_batch_tokens")
+    LABELS = {"model": "model and revision", "method": "method", "precision": "precision",
+              "seq_len": "sequence length", "global_batch_tokens": "global batch (tokens per optimizer step)"}
+
+    def label(self) -> str:
+        return (f"{self.model} · {self.method} · {self.precision} · seq {self.seq_len} · "
+                f"{self.global_batch_tokens} tokens/step")
+
+    def differences(self, other: RunDefinition) -> list[str]:
+        return [f"{self.LABELS[f]}: {getattr(self, f)} vs {getattr(other, f)}"
+                for f in self.FIELDS if getattr(self, f) != getattr(other, f)]
+
+    def to_json(self) -> dict[str, str]:
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """One file of the decision and what became of it."""
+
+    path: str
+    state: str
+    """The shared vocabulary: ok, unsigned, invalid, untrusted, malformed, error."""
+    principal: str | None
+    reason: str | None
+    kind: str | None
+    content_id: str | None
+    note: str | None = None
+    """Why it is not in a ranking, when it is not (a fingerprint, no measured steps, ...)."""
+
+    @property
+    def trusted(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Run:
+    """A trial manifest, opened."""
+
+    path: str
+    opened: OpenedManifest
+    file: FileStatus
+    definition: RunDefinition
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.opened.data
+
+    @property
+    def trusted(self) -> bool:
+        return self.file.trusted
+
+    @property
+    def created_utc(self) -> str:
+        return str(self.data.get("created_utc", ""))
+
+    @property
+    def slug(self) -> str:
+        return self.file.content_id or Path(self.path).stem
+
+
+def _text(v: Any, default: str = "?") -> str:
+    return default if v is None or v == "" else str(v)
+
+
+def model_identity(data: Mapping[str, Any]) -> str:
+    """``repo@commit[:12]``, a local path, or for a model built from a config its architecture and
+    counted parameters (the config is its revision)."""
+    model = dig(data, "trial.run.model") or {}
+    if not isinstance(model, Mapping):
+        model = {}
+    rev = model.get("commit") or model.get("revision")
+    rev = str(rev)[:12] if rev else None
+    name = model.get("repo_id") or model.get("path")
+    if name:
+        return f"{name}@{rev}" if rev else str(name)
+    params = dig(data, "trial.run.params_total")
+    trainable = dig(data, "trial.run.params_trainable")
+    if dig(data, "trial.run.method") == "lora" and isinstance(params, int) and isinstance(trainable, int):
+        params -= trainable  # the base model's parameters: a LoRA adapter adds its own
+    kind = model.get("architecture") or model.get("model_type") or model.get("class") or "model"
+    src = model.get("source") or "unknown source"
+    return f"{kind} ({src}, {params:,} params)" if isinstance(params, int) else f"{kind} ({src})"
+
+
+def run_definition(data: Mapping[str, Any]) -> RunDefinition:
+    run = dig(data, "trial.run") or {}
+    if not isinstance(run, Mapping):
+        run = {}
+    prec = run.get("precision") if isinstance(run.get("precision"), Mapping) else {}
+    precision = _text(prec.get("dtype")) + (" autocast" if prec.get("autocast") else "")
+    batch = run.get("tokens_per_step")
+    if batch is None and isinstance(run.get("max_seq_len"), int) and isinstance(run.get("micro_batch_size"), int):
+        batch = run["max_seq_len"] * run["micro_batch_size"] * int(run.get("grad_accum") or 1)
+    return RunDefinition(model_identity(data), _text(run.get("method")), precision, _text(run.get("max_seq_len")),
+                         _text(batch))
+
+
+def expand(inputs: Iterable[str]) -> list[Path]:
+    """Folders (every ``*.toml`` below, hidden and site folders skipped), globs and files."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                out += [Path(root) / f for f in sorted(files) if f.endswith(".toml")]
+        elif any(c in item for c in "*?["):
+            out += [Path(x) for x in sorted(glob.glob(item, recursive=True)) if x.endswith(".toml")]
+        elif p.exists():
+            out.append(p)
+        else:
+            raise UsageError(f"{item}: no such file or folder", "name a results folder or manifest files")
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            unique.append(p)
+    if not unique:
+        raise UsageError(f"no manifests (*.toml) in {', '.join(inputs)}", "name a results folder or manifest files")
+    return unique
+
+
+def open_all(paths: Iterable[Path], trust: Any = None) -> tuple[list[Run], list[FileStatus]]:
+    """Every trial as a :class:`Run`, and the status of every file (trials included)."""
+    runs: list[Run] = []
+    files: list[FileStatus] = []
+    for p in paths:
+        path = str(p)
+        try:
+            opened = open_manifest(path, trust=trust, require_trusted=False)
+        except CaptureError as exc:
+            if exc.exit_code == EXIT_USAGE:  # a bad trust file is the command's problem, not the manifest's
+                raise
+            state = "malformed" if exc.exit_code == EXIT_MALFORMED else "error"
+            files.append(FileStatus(path, state, None, exc.message.removeprefix(f"{path}: "), None, None,
+                                    "cannot be read: not ranked"))
+            continue
+        sig = opened.signature
+        kind = opened.data.get("kind")
+        note = None if kind == "trial" else f"a {kind or 'manifest without a kind'}: no trial to rank"
+        status = FileStatus(path, sig.state, sig.principal, sig.reason, kind if isinstance(kind, str) else None,
+                            content_id(opened.raw), note)
+        files.append(status)
+        if kind == "trial":
+            runs.append(Run(path, opened, status, run_definition(opened.data)))
+    return runs, files

@@ -1,0 +1,212 @@
+"""The decision as a static site: ``index.html`` (ranked table and plots per group, the trust of
+every file, drift within each group) and ``runs/<content id>.html`` (each run's trial report).
+
+Self-contained: inline CSS and SVG, no scripts, no fonts or files from elsewhere, so it works
+offline from ``file://``; the Content-Security-Policy of every page forbids any fetch. Every string
+from a manifest is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any
+
+from capture._atomic import atomic_write
+from capture.decide.rank import Group
+from capture.decide.runs import FileStatus, Run
+from capture.decide.text import COLUMNS, row
+from capture.fmt import bytes_str, number_str, seconds_str
+from capture.trial.report import page, report_body
+
+_COLOURS = {"single": "#4e79a7", "ddp": "#f28e2b", "fsdp": "#59a14f"}
+_SIG_LABEL = {"ok": "signature valid, signer trusted", "unsigned": "NOT signed", "invalid": "signature INVALID",
+              "untrusted": "signature valid, signer NOT trusted", "malformed": "malformed", "error": "error"}
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def signature_label(f: FileStatus) -> str:
+    who = f" by {f.principal}" if f.principal else ""
+    why = f": {f.reason}" if f.reason and f.state != "ok" else ""
+    return _SIG_LABEL.get(f.state, f.state) + who + why
+
+
+def _ticks(top: float, count: int = 5) -> list[float]:
+    import math
+
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(s * mag for s in (1, 2, 2.5, 5, 10) if s * mag >= raw)
+    return [i * step for i in range(int(top / step) + 1)]
+
+
+def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, limit: list[tuple[str, float]] = ()) -> str:
+    """Horizontal bars (label, value, colour, value text) with an axis; ``limit``: dashed lines
+    (e.g. a card's memory capacity)."""
+    if not bars:
+        return ""
+    w, left, right, bar_h, gap, top = 760, 230, 120, 18, 8, 30
+    vmax = max([v for _, v, _, _ in bars] + [v for _, v in limit]) * 1.08 or 1.0
+    pw = w - left - right
+    h = top + len(bars) * (bar_h + gap) + 20 + 14 * len(limit)
+    x = lambda v: left + pw * v / vmax  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+           f'aria-label="{_e(title)}"><text x="4" y="14" font-weight="bold">{_e(title)}</text>']
+    base = top + len(bars) * (bar_h + gap)
+    div, unit = axis_unit(fmt, vmax)
+    for t in (tick * div for tick in _ticks(vmax / div)):
+        if t <= vmax:
+            out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{base - gap}" stroke="#e4e6ea"/>'
+                       f'<text x="{x(t):.1f}" y="{base + 6}" text-anchor="middle" fill="#667">{_e(unit(t))}</text>')
+    for i, (label, v, colour, text) in enumerate(bars):
+        y = top + i * (bar_h + gap)
+        out.append(f'<text x="{left - 6}" y="{y + bar_h * 0.75:.1f}" text-anchor="end">{_e(label)}</text>'
+                   f'<rect x="{left}" y="{y}" width="{max(x(v) - left, 0.5):.1f}" height="{bar_h}" fill="{colour}">'
+                   f'<title>{_e(label)}: {_e(text)}</title></rect>'
+                   f'<text x="{x(v) + 4:.1f}" y="{y + bar_h * 0.75:.1f}">{_e(text)}</text>')
+    for i, (name, v) in enumerate(limit):
+        out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{top - 6}" y2="{base}" stroke="#a4161a" stroke-dasharray="4,3"/>'
+                   f'<text x="{x(v) - 3:.1f}" y="{base + 20 + 14 * i}" text-anchor="end" fill="#a4161a">'
+                   f'{_e(name)} {_e(bytes_str(v))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def axis_unit(fmt: Any, vmax: float) -> tuple[float, Any]:
+    """Round ticks in the unit people read: hours, minutes or seconds; GiB or MiB; else plain."""
+    if fmt is seconds_str:
+        for div, name in ((3600, "h"), (60, "min"), (1, "s")):
+            if vmax >= 2 * div or div == 1:
+                return div, lambda t, d=div, n=name: f"{t / d:g} {n}"
+    if fmt is bytes_str:
+        for div, name in ((2**30, "GiB"), (2**20, "MiB"), (1, "B")):
+            if vmax >= div or div == 1:
+                return div, lambda t, d=div, n=name: f"{t / d:g} {n}"
+    return 1, fmt
+
+
+def _money(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def group_plots(g: Group) -> str:
+    cs = [c for c in g.configs if c.tokens_per_s]
+    if not cs:
+        return ""
+    label = lambda c: f"{c.label} · {c.run.slug[:8]}" + ("" if c.trusted else " (untrusted)")  # noqa: E731
+    colour = lambda c: _COLOURS.get(c.strategy, "#6b7785") if c.trusted else "#bbb"  # noqa: E731
+    parts = []
+    costed = [c for c in cs if c.cost_per_million_tokens is not None]
+    if costed:
+        parts.append(bar_chart("cost per million tokens, to the target", [
+            (label(c), c.cost_per_million_tokens, colour(c), f"{c.cost_per_million_tokens:.4g}") for c in costed], _money))
+    timed = [c for c in cs if c.time_to_target_s is not None]
+    if timed:
+        parts.append(bar_chart(f"time to the target ({cs[0].target_tokens:,} tokens)", [
+            (label(c), c.time_to_target_s, colour(c), seconds_str(c.time_to_target_s)) for c in timed], seconds_str))
+    parts.append(bar_chart("measured tokens/s", [(label(c), c.tokens_per_s, colour(c), number_str(c.tokens_per_s))
+                                                 for c in cs], number_str))
+    mem = [c for c in cs if c.peak_memory_bytes]
+    caps = sorted({(c.card, c.memory_per_device_bytes) for c in mem if c.memory_per_device_bytes}, key=lambda t: t[1])
+    if mem:
+        parts.append(bar_chart("peak memory per device against the card's capacity", [
+            (label(c), c.peak_memory_bytes, colour(c), bytes_str(c.peak_memory_bytes)) for c in mem], bytes_str,
+            [(f"{n} capacity", v) for n, v in caps]))
+    return "".join(parts)
+
+
+def _table(headers: list[str], rows: list[list[str]], classes: list[str] | None = None, links: dict[int, list[str]] | None = None) -> str:
+    out = ["<div class=\"scroll\"><table class=\"ranked\"><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    for i, r in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        cells = []
+        for j, c in enumerate(r):
+            href = (links or {}).get(j, [None] * len(rows))[i]
+            cells.append(f'<td><a href="{_e(href)}">{_e(c)}</a></td>' if href else f"<td>{_e(c)}</td>")
+        out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+    return "".join(out) + "</table></div>"
+
+
+def _absent(v: Any) -> Any:
+    return "(absent)" if v is None else v
+
+
+def _drift(g: Group) -> str:
+    from capture.results.compare import package_changes, stack_changes
+
+    if len(g.runs) < 2:
+        return "<p class=\"muted\">one run in this group: nothing to compare</p>"
+    base = g.runs[0]
+    items = []
+    for r in g.runs[1:]:
+        changes = [c for c in stack_changes(base.data, r.data) if c.group != "run definition"]
+        pk = package_changes(base.data, r.data)
+        if not changes and not pk:
+            items.append(f"<li>{_e(r.slug)}: same stack as {_e(base.slug)}</li>")
+            continue
+        shown = "".join(f"<li><code>{_e(c.field)}</code>: {_e(_absent(c.a))} → {_e(_absent(c.b))}</li>" for c in changes[:12])
+        more = f"<li>… {len(changes) - 12} more</li>" if len(changes) > 12 else ""
+        pkg = (f"<li>packages: {len(pk.changed)} changed, {len(pk.added)} added, {len(pk.removed)} removed</li>"
+               if pk else "")
+        items.append(f"<li>{_e(r.slug)} against {_e(base.slug)}: {len(changes)} stack field(s) differ"
+                     f"<ul>{shown}{more}{pkg}</ul></li>")
+    return "<ul>" + "".join(items) + "</ul>"
+
+
+def index_html(groups: list[Group], files: list[FileStatus], run_pages: dict[str, str]) -> str:
+    body = ["<h1>Which card, how many, for how long</h1>",
+            "<p class=\"muted\">Ranked by cost per million trained tokens to the target, then by time to the target, "
+            "from each run's own measured figures. Runs with different run definitions are never ranked against "
+            "each other; unsigned, tampered or untrusted runs are shown in red and never ranked. Untested cards get "
+            "no speed figures, only a memory estimate.</p>"]
+    body.append("<nav>" + "".join(f'<a href="#group-{i}">group {i}</a>' for i in range(1, len(groups) + 1))
+                + '<a href="#files">files and trust</a></nav>')
+    for i, g in enumerate(groups, 1):
+        body.append(f'<h2 id="group-{i}">Group {i}: {_e(g.definition.label())}</h2>')
+        if g.left_out_reason:
+            body.append(f'<p class="status warn">{_e(g.left_out_reason)}</p>')
+        if g.configs:
+            c0 = g.configs[0]
+            body.append(f'<p class="muted">target {c0.target_tokens:,} tokens ({_e(c0.target_source)}); cost = time '
+                        "to target × price per device-hour × devices</p>")
+            rows = [row(c) for c in g.configs]
+            classes = ["" if c.trusted else "untrusted" for c in g.configs]
+            links = {2: [run_pages.get(c.run.path) for c in g.configs]}
+            body.append(_table(list(COLUMNS), rows, classes, links))
+            body.append(group_plots(g))
+        if g.untested:
+            body.append("<h3>Untested cards (memory only, estimate)</h3>")
+            body.append(_table(["card", "memory", "fits in memory (estimate)", "basis"],
+                               [[u.name, bytes_str(u.memory_bytes),
+                                 "yes" if u.fits else "no" if u.fits is False else "unknown", u.basis] for u in g.untested]))
+        body.append("<h3>Drift between runs of this group</h3>" + _drift(g))
+    body.append('<h2 id="files">Files: signature and trust</h2>')
+    body.append(_table(["status", "file", "signature", "kind", "note"],
+                       [[f.state.upper(), f.path, signature_label(f), f.kind or "-", f.note or ""] for f in files],
+                       ["" if f.trusted else "untrusted" for f in files],
+                       {1: [run_pages.get(f.path) for f in files]}))
+    return page("capture decide", "\n".join(body)).replace("<body>", '<body class="site">', 1)
+
+
+def write_site(out_dir: str | os.PathLike[str], groups: list[Group], files: list[FileStatus], runs: list[Run]) -> Path:
+    """Write the site; nothing half-written: every page is written atomically, index last."""
+    out = Path(out_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    by_path = {f.path: f for f in files}
+    run_pages: dict[str, str] = {}
+    for r in runs:
+        name = f"runs/{r.slug}.html"
+        sig = signature_label(by_path[r.path])
+        body = (f'<nav><a href="../index.html">← all runs</a></nav>'
+                f'<p class="muted">{_e(r.path)}</p>' + report_body(r.data, sig))
+        atomic_write(out / name, page(f"run {r.slug}", body).encode("utf-8"))
+        run_pages[r.path] = name
+    atomic_write(out / "index.html", index_html(groups, files, run_pages).encode("utf-8"))
+    return out / "index.html"
+

@@ -1,0 +1,312 @@
+"""`capture decide`: grouping, ranking, cost arithmetic, trust, and the static site in a real browser.
+
+The trials are real: one `capture trial --example tiny` on the CPU (once per module), then varied
+by editing its body and re-signing with a test key (another card, a scaling table, LoRA, an
+unsigned copy, a tampered copy), plus the H200 manifests committed in ../manifests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from capture import manifest as mf
+from capture._cli import main
+from capture.decide.rank import decide, significant
+from capture.decide.runs import expand, open_all
+from capture.fmt import number_str
+from capture.trial.fit import load_catalog
+from test_results_helpers import Signer
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+H200_RUN = MANIFESTS / "nvidia-h200-x1" / "2026-12-02" / "ff69c22bd470.toml"
+H200_BYTES = 150754820096
+
+
+@pytest.fixture(scope="module")
+def tiny_body(tmp_path_factory) -> dict:
+    """One real tiny trial on the CPU (~30-60 s), its body parsed back."""
+    work = tmp_path_factory.mktemp("tiny")
+    env = dict(os.environ, HOME=str(work), XDG_CONFIG_HOME=str(work / ".config"), CAPTURE_LOG_LEVEL="ERROR")
+    env.pop("CAPTURE_KEY", None)
+    out = work / "tiny.toml"
+    proc = subprocess.run([sys.executable, "-m", "capture", "trial", "--example", "tiny", "-o", str(out),
+                           "--no-report", "--no-recovery", "--price-per-hour", "2.5"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    body, _ = mf.split_signed(out.read_bytes())
+    return mf.parse_body(body)
+
+
+def _reprice(m: dict, price: float) -> None:
+    """Keep [trial.cost] consistent, as the runner writes it, for another price."""
+    c = m["trial"]["cost"]
+    c.update(price_per_hour=price, price_source="--price-per-hour", trial_cost=c["wall_total_s"] / 3600 * price)
+    c["cost_per_million_trained_tokens"] = c["trial_cost"] / (c["trained_tokens"] / 1e6)
+
+
+def _as_h200(m: dict, speedup: float) -> None:
+    m["accelerator"] = {"vendor": "nvidia", "model": "NVIDIA H200", "count": 2, "runtime": "cuda",
+                        "runtime_version": "13.0", "memory_per_device_bytes": H200_BYTES, "driver_version": "580.159.04"}
+    m["trial"]["run"]["device_name"] = "NVIDIA H200"
+    s = m["trial"]["stats"]
+    s["tokens_per_s"] *= speedup
+    s["step_time_mean_s"] /= speedup
+    s["step_time_median_s"] /= speedup
+    s["step_time_cv"] = 0.01
+    per_step = s["tokens_per_step"]
+    m["scaling"] = {
+        "world_size": 2, "nproc_per_node": 2, "nnodes": 1, "strategies": ["ddp", "fsdp"], "device_type": "cuda",
+        "batch": {"tokens_per_optimizer_step": per_step, "per_rank_micro_batch": 1, "per_rank_grad_accum": 1,
+                  "method": "micro_batch divided by world_size"},
+        "baseline": {"throughput_tokens_per_s": s["tokens_per_s"], "step_time_median_s": s["step_time_median_s"]},
+        "ddp": {"throughput_tokens_per_s": s["tokens_per_s"] * 1.8, "efficiency": 0.9, "step_time_median_s": 0.01,
+                "step_time_cv": 0.02, "tokens_per_optimizer_step": per_step, "peak_memory_per_rank_bytes": 2 * 2**30,
+                "recovery": {"verdict": "bit-exact"}},
+        "fsdp": {"throughput_tokens_per_s": s["tokens_per_s"] * 1.2, "efficiency": 0.6, "step_time_median_s": 0.02,
+                 "step_time_cv": 0.02, "tokens_per_optimizer_step": per_step, "peak_memory_per_rank_bytes": 2**30,
+                 "recovery": {"verdict": "diverged at step 3"}},
+        "reading": "choose DDP for throughput",
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_body, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    alice = Signer(tmp_path_factory.mktemp("keys"), "alice@lab")
+    (folder / "allowed_signers").write_text(alice.allowed_line)
+    cpu = copy.deepcopy(tiny_body)
+    _reprice(cpu, 2.0)
+    h200 = copy.deepcopy(tiny_body)
+    _as_h200(h200, 40.0)
+    _reprice(h200, 3.0)
+    lora = copy.deepcopy(tiny_body)
+    run = lora["trial"]["run"]
+    run.update(method="lora", params_trainable=4096, params_total=run["params_total"] + 4096)  # base + adapter
+    fast = copy.deepcopy(h200)
+    fast["trial"]["stats"]["tokens_per_s"] *= 10
+    fast["trial"]["stats"]["step_time_mean_s"] /= 10
+    paths = {"cpu": folder / "cpu.toml", "h200": folder / "h200.toml", "lora": folder / "lora.toml",
+             "unsigned": folder / "unsigned.toml", "tampered": folder / "tampered.toml"}
+    alice.write(paths["cpu"], cpu)
+    alice.write(paths["h200"], h200)
+    alice.write(paths["lora"], lora)
+    paths["unsigned"].write_bytes(mf.dumps(fast))  # would be the fastest and cheapest if it were believed
+    raw = alice.write(paths["tampered"], fast)
+    assert raw.count(b'name = "tiny"') == 1
+    paths["tampered"].write_bytes(raw.replace(b'name = "tiny"', b'name = "tinx"'))  # one byte of the body
+    (folder / "broken.toml").write_bytes(b"schema_version = [\n")
+    return folder, paths, {"cpu": cpu, "h200": h200, "lora": lora}
+
+
+def _decide(folder, prices=None, target=None):
+    runs, files = open_all(expand([str(folder)]), trust=str(folder / "allowed_signers"))
+    return decide(runs, load_catalog(), prices or {}, target), files
+
+
+def test_groups_rank_and_leave_out_with_reasons(corpus):
+    folder, paths, bodies = corpus
+    groups, files = _decide(folder)
+    state = {Path(f.path).name: f.state for f in files}
+    assert "allowed_signers" not in state  # only *.toml files are opened
+    assert state["cpu.toml"] == state["h200.toml"] == state["lora.toml"] == "ok"
+    assert state["unsigned.toml"] == "unsigned" and state["tampered.toml"] == "invalid"
+    assert state["broken.toml"] == "malformed"
+    full, lora = groups
+    assert {Path(r.path).name for r in full.runs} == {"cpu.toml", "h200.toml", "unsigned.toml", "tampered.toml"}
+    assert [Path(r.path).name for r in lora.runs] == ["lora.toml"]
+    assert lora.left_out_reason == "not ranked against group 1 (a different run definition): method: lora vs full"
+    ranked = full.ranked
+    # cheapest per million tokens first: two devices at efficiency 0.9 cost more per token than one
+    assert [c.label for c in ranked] == ["H200 141GB x1 single", "H200 141GB x2 ddp", "H200 141GB x2 fsdp",
+                                         "CPU: AMD EPYC x1 single"]
+    for c in full.configs:  # the unsigned and tampered copies are shown, never ranked
+        if Path(c.run.path).name in ("unsigned.toml", "tampered.toml"):
+            assert c.rank_cost is None and c.rank_time is None
+            assert any(n.startswith("not ranked: signature ") for n in c.notes)
+    by_time = sorted(ranked, key=lambda c: c.rank_time)  # ... but reach the target sooner
+    assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single",
+                                          "CPU: AMD EPYC x1 single"]
+
+
+def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):
+    folder, paths, bodies = corpus
+    groups, _ = _decide(folder)
+    cpu = next(c for c in groups[0].configs if Path(c.run.path).name == "cpu.toml")
+    cost = bodies["cpu"]["trial"]["cost"]
+    assert cpu.price.per_device_hour == 2.0 and cpu.price.source == "manifest (--price-per-hour)"
+    assert cpu.trial_cost_per_million_tokens == pytest.approx(cost["cost_per_million_trained_tokens"], rel=1e-12)
+    assert cpu.tokens_per_s == bodies["cpu"]["trial"]["stats"]["tokens_per_s"]
+    assert cpu.cost_to_target == pytest.approx(cpu.time_to_target_s / 3600 * 2.0)
+    assert cpu.cost_per_million_tokens == pytest.approx(cpu.cost_to_target / cpu.target_tokens * 1e6)
+    ddp = next(c for c in groups[0].configs if c.strategy == "ddp" and c.trusted)
+    assert ddp.count == 2 and ddp.efficiency == 0.9 and ddp.recovery == "bit-exact"
+    assert ddp.cost_to_target == pytest.approx(ddp.time_to_target_s / 3600 * 3.0 * 2)  # two devices
+    # --price wins over the manifest's, and says so
+    groups, _ = _decide(folder, prices={"H200": 5.0})
+    ddp = next(c for c in groups[0].configs if c.strategy == "ddp" and c.trusted)
+    assert ddp.price.per_device_hour == 5.0 and ddp.price.source == "--price H200=5"
+
+
+def test_committed_h200_run_projects_as_the_trial_did():
+    """The H200 llama-1b run recorded its own projection to 1e9 tokens at 3.5/h: decide agrees."""
+    runs, files = open_all([H200_RUN])
+    assert files[0].state == "ok" and files[0].principal == "capture-project"
+    (group,) = decide(runs, load_catalog(), {})
+    (c,) = group.configs
+    d = runs[0].data["trial"]["cost"]
+    assert c.target_tokens == d["projection"]["target_tokens"] == 1_000_000_000
+    assert c.time_to_target_s == pytest.approx(d["projection"]["total_s"], rel=1e-12)
+    assert c.cost_to_target == pytest.approx(d["projection"]["cost"], rel=1e-12)
+    assert c.trial_cost_per_million_tokens == pytest.approx(d["cost_per_million_trained_tokens"], rel=1e-12)
+    assert c.tokens_per_s == runs[0].data["trial"]["stats"]["tokens_per_s"]
+    assert c.rank_cost == 1
+    untested = {u.name: u for u in group.untested}
+    assert set(untested) == {"A100 80GB SXM", "H100 80GB SXM", "MI300X 192GB"}
+    assert all(u.fits and "estimate" in u.basis and "no speed figures" in u.basis for u in untested.values())
+
+
+def test_noise_rule():
+    assert significant(100.0, 110.0, 0.02, 0.03) is True  # 10 % > 5 %
+    assert significant(100.0, 104.0, 0.02, 0.03) is False
+    assert significant(100.0, 104.0, None, 0.03) is None
+
+
+def test_cli_json_text_and_usage_errors(corpus, capsys):
+    folder, paths, _ = corpus
+    assert main(["decide", str(folder), "--allowed-signers", str(folder / "allowed_signers"), "--json",
+                 "--target-tokens", "2000000"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [g["definition"]["method"] for g in doc["groups"]] == ["full", "lora"]
+    untested = doc["groups"][0]["untested_cards"]
+    assert untested and all(set(u) == {"name", "memory_bytes", "fits_estimate", "basis"} for u in untested)
+    assert all(c["target_tokens"] == 2_000_000 for c in doc["groups"][0]["configurations"])
+    assert main(["decide", str(folder), "--allowed-signers", str(folder / "allowed_signers")]) == 0
+    text = capsys.readouterr().out
+    assert "UNSIGNED" in text and "INVALID" in text and "MALFORMED" in text
+    assert "None" not in text
+    assert main(["decide", str(folder / "nope")]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert main(["decide", str(folder), "--price", "H200"]) == 2
+    assert "CARD=PRICE" in capsys.readouterr().err
+    assert main(["decide", str(folder), "--allowed-signers", str(folder / "missing")]) == 2
+    assert "--allowed-signers" in capsys.readouterr().err
+
+
+def _site(corpus, tmp_path) -> Path:
+    folder, _, _ = corpus
+    site = tmp_path / "site"
+    assert main(["decide", str(folder), str(MANIFESTS), "--allowed-signers", str(folder / "allowed_signers"),
+                 "-o", str(site), "--price", "H200=3.5"]) == 0
+    return site
+
+
+def test_site_is_self_contained_and_matches_the_manifests(corpus, tmp_path, capsys):
+    site = _site(corpus, tmp_path)
+    capsys.readouterr()
+    index = (site / "index.html").read_text()
+    assert "<script" not in index.lower() and " src=" not in index and "<link" not in index
+    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", index)
+    for svg in re.findall(r"<svg.*?</svg>", index, re.S):
+        ET.fromstring(svg)
+    for label in ("cost per million tokens, to the target", "measured tokens/s",
+                  "peak memory per device against the card&#x27;s capacity"):
+        assert label in index
+    assert "signature INVALID" in index and "NOT signed" in index and "malformed" in index
+    pages = sorted(p.name for p in (site / "runs").iterdir())
+    assert len(pages) == 5 + 3  # the corpus trials (not the malformed file) + the 3 committed H200 trials
+    assert "None" not in index
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0"]
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    """Lines chromium logs for the page's console (``INFO:CONSOLE:<line>] "..."``) or a page error."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (.ci/run installs Debian's chromium)")
+def test_site_in_a_real_headless_browser(corpus, tmp_path, capsys):
+    site = _site(corpus, tmp_path)
+    capsys.readouterr()
+    # the console check is not vacuous: a page with a script is refused by the CSP, and that is seen
+    bad = tmp_path / "bad.html"
+    bad.write_text((site / "index.html").read_text().replace("</body>", "<script>console.error('x')</script></body>"))
+    assert _console_errors(_chromium(tmp_path, "--dump-dom", bad.as_uri()).stderr)
+
+    dom = _chromium(tmp_path, "--dump-dom", (site / "index.html").as_uri())
+    assert dom.returncode == 0 and not _console_errors(dom.stderr), dom.stderr[-2000:]
+    groups, _ = _decide(corpus[0])
+    first_table = dom.stdout.split('<table class="ranked">', 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", first_table, re.S)[1:]]
+    strip = lambda cell: re.sub(r"<[^>]+>", "", cell)  # noqa: E731
+    assert [strip(r[2]) for r in rows] == [c.label for c in groups[0].configs]
+    assert [strip(r[0]) for r in rows] == [str(c.rank_cost) if c.rank_cost else "-" for c in groups[0].configs]
+    assert [strip(r[12]) for r in rows] == [c.run.file.state for c in groups[0].configs]
+    cpu_row = next(r for r, c in zip(rows, groups[0].configs) if Path(c.run.path).name == "cpu.toml")
+    assert strip(cpu_row[3]) == number_str(corpus[2]["cpu"]["trial"]["stats"]["tokens_per_s"])  # the manifest's own
+    run_page = _chromium(tmp_path, "--dump-dom", next((site / "runs").iterdir()).as_uri())
+    assert run_page.returncode == 0 and not _console_errors(run_page.stderr)
+    assert 'aria-label="verdict"' in run_page.stdout
+
+    artifacts = ROOT / "out" / "ci-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "decide-site.png"
+    done = _chromium(tmp_path, "--window-size=1366,900", "--hide-scrollbars", f"--screenshot={shot}",
+                     (site / "index.html").as_uri())
+    assert done.returncode == 0 and shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("CAPTURE_UPDATE_SCREENSHOT"):  # how docs/img/decide-site.png was made
+        shutil.copyfile(shot, ROOT / "docs" / "img" / "decide-site.png")
+
+
+def test_this_repositorys_own_manifests_render(tmp_path, capsys):
+    """Real data: every manifest committed in ../manifests, H200 runs of other work included as they land."""
+    site = tmp_path / "site"
+    assert main(["decide", str(MANIFESTS), "-o", str(site), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    on_disk = sorted(str(p) for p in MANIFESTS.rglob("*.toml") if ".capture" not in p.parts)
+    assert sorted(f["path"] for f in doc["files"]) == on_disk
+    assert all(f["state"] == "ok" for f in doc["files"])  # signed by the project's trusted keys
+    trials = [f for f in doc["files"] if f["kind"] == "trial"]
+    assert sorted(p.stem for p in (site / "runs").iterdir()) == sorted(f["content_id"] for f in trials)
+    ranked = [c for g in doc["groups"] for c in g["configurations"] if c.get("rank_cost")]
+    assert len(ranked) == len(trials)  # every trusted trial with measured tokens/s is ranked in its group
+    index = (site / "index.html").read_text()
+    for f in doc["files"]:
+        assert f["path"] in index
+
+
+def test_price_sources_in_order_flag_catalog_manifest(tmp_path):
+    catalog = tmp_path / "accelerators.toml"
+    catalog.write_text('[[accelerator]]\nname = "H200 141GB"\nvendor = "nvidia"\nmatch = "H200(?! NVL)"\n'
+                       f"memory_bytes = {H200_BYTES}\nprice_per_hour = 4.25\n")
+    runs, _ = open_all([H200_RUN])
+    projection = runs[0].data["trial"]["cost"]["projection"]
+    (g,) = decide(runs, load_catalog(catalog), {})
+    (c,) = g.configs
+    assert c.price.per_device_hour == 4.25 and c.price.source == f"catalog ({catalog}): H200 141GB"
+    assert c.cost_to_target == pytest.approx(projection["total_s"] / 3600 * 4.25)
+    (g,) = decide(runs, load_catalog(catalog), {"H200 141GB": 2.0})
+    assert g.configs[0].price.source == "--price H200 141GB=2"
+    (g,) = decide(runs, load_catalog(), {})
+    assert g.configs[0].price.source == "manifest (--price-per-hour)" and g.configs[0].price.per_device_hour == 3.5
