@@ -12,6 +12,7 @@ from typing import Any, Callable
 from capture.errors import CaptureError
 from capture.manifest import new_manifest, to_toml_value
 from capture.probes import ProbeOptions, Skipped, as_table
+from capture.redact import redact_text, redact_value
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +41,23 @@ def _run_probe(section: str, module: str, func: str, options: ProbeOptions, rais
     try:
         return fn(options)
     except CaptureError as exc:
+        exc.message = redact_text(exc.message)
+        exc.hint = redact_text(exc.hint) if exc.hint else exc.hint
         if raise_user_errors:  # e.g. --model names a repo that is not in the cache: the user must know
             raise
-        return Skipped(f"{exc.message}")
+        return Skipped(exc.message)
     except Exception as exc:  # a probe bug must never crash the fingerprint
-        log.debug("probe %s failed", section, exc_info=True)
-        return Skipped(f"probe failed: {type(exc).__name__}: {exc}")
+        log.debug("probe %s failed: %s", section, redact_text(f"{type(exc).__name__}: {exc}"))
+        return Skipped(redact_text(f"probe failed: {type(exc).__name__}: {exc}"))
 
 
 def _table(result: Any) -> Any:
-    """The TOML-ready table: what a reader of the written manifest would get back."""
+    """The TOML-ready table: what a reader of the written manifest would get back, with every
+    string passed through :func:`capture.redact.redact_value` (a last net behind each probe's own
+    structural redaction: a token in a value no probe expected still never reaches the manifest)."""
     if isinstance(result, list):
-        return [to_toml_value(as_table(r)) for r in result]
-    return to_toml_value(as_table(result))
+        return [redact_value(to_toml_value(as_table(r))) for r in result]
+    return redact_value(to_toml_value(as_table(result)))
 
 
 def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:

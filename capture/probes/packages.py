@@ -11,43 +11,14 @@ import json
 import os
 import re
 import sys
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from capture.probes import ProbeOptions
+from capture.redact import redact_text, redact_url
 
-_SECRET_QUERY_KEYS = re.compile(r"token|key|sig|secret|pass|auth|cred|session|x-amz-|x-goog-", re.I)
-
-
-def strip_url_credentials(url: str) -> str:
-    """Drop passwords and tokens from a URL.
-
-    ``https://user:token@host/x`` -> ``https://host/x``: over http(s) a lone user name is often
-    the token itself, so the whole userinfo goes. ``ssh://git@host/x`` keeps its user (not a
-    secret); a password after it goes. Query parameters that look like credentials (``token=``,
-    presigned ``X-Amz-Signature=``) are dropped. scp-style ``git@host:org/repo`` has no password
-    and is returned unchanged.
-    """
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.scheme or not parts.netloc:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        scheme = parts.scheme.lower().rsplit("+", 1)[-1]
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{host}" if scheme == "ssh" and user else host
-    query = parts.query
-    if query:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if not _SECRET_QUERY_KEYS.search(k)]
-        if len(kept) != len(pairs):
-            query = urllib.parse.urlencode(kept)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+strip_url_credentials = redact_url
+"""Kept for callers outside the probes (``capture/image/build.py``): :func:`capture.redact.redact_url`."""
 
 
 def normalize_name(name: str) -> str:
@@ -134,13 +105,14 @@ def _from_direct_url(text: str | None) -> dict[str, Any]:
         return {"source": "index"}
     try:
         data = json.loads(text)
-        url = strip_url_credentials(str(data["url"]))
+        url = redact_url(str(data["url"]))
     except (ValueError, KeyError, TypeError):
         return {"source": "unknown"}
     if isinstance(data.get("vcs_info"), dict):
         vcs = data["vcs_info"]
+        revision = vcs.get("requested_revision")
         return {"source": "vcs", "url": url, "vcs": vcs.get("vcs"), "commit": vcs.get("commit_id"),
-                "requested_revision": vcs.get("requested_revision")}
+                "requested_revision": redact_text(revision) if isinstance(revision, str) else revision}
     if isinstance(data.get("archive_info"), dict):
         info = data["archive_info"]
         digest = None

@@ -1,0 +1,203 @@
+"""Credentials never reach a manifest, a report, a log or an export: one place that removes them.
+
+Two kinds of evidence, used together:
+
+- **structure**: where a credential sits in a URL or a command line: the userinfo of a URL
+  (``https://user:pw@host``, ``https://TOKEN@host``; ``ssh://git@host`` keeps its user, not a
+  password), ``user:password@host`` without a scheme, query parameters and fragment parameters
+  whose key names a credential (``token``, ``sig``, ``key``, ``pwd``, ``jwt``, ``ticket``,
+  ``pat``, ``X-Goog-Signature``, ``X-Amz-*``, ``access_token`` ...), flag and assignment forms
+  (``--password=...``, ``token: ...``, ``Bearer ...``), and names of variables or keys
+  (``*_TOKEN``, ``*_SECRET`` ...);
+- **value**: what a credential looks like wherever it sits: provider token formats (Hugging Face,
+  GitHub, GitLab, Slack, OpenAI-style, AWS, Google API keys, JWTs, private key blocks) and, in
+  a URL path, an opaque segment (24+ characters mixing upper case, lower case and digits; hex
+  digests are not opaque: they name content, not people).
+
+A URL that cannot be parsed is not returned as it came: it is scrubbed as free text, and withheld
+whole (:data:`REDACTED`) if anything credential-like is left. Every probe, the trial config
+recorder and the fingerprint's final pass call this module; nothing else redacts.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Any
+
+REDACTED = "<redacted>"
+"""What stands where a credential was removed from free text or a whole value was withheld."""
+
+# --------------------------------------------------------------------------- evidence
+
+_SECRET_KEY = re.compile(
+    r"token|secret|passw|pwd|pass$|^pw$|key|sig|auth|cred|session|cookie|jwt|ticket|^pat$|otp|"
+    r"private|bearer|x-amz-|x-goog-|^code$|^sas$|^sv$|^se$|^sp$|^st$|^skoid$|^sktid$|^ske$|^skt$|^sks$|^skv$|^sr$",
+    re.I,
+)
+"""Query / fragment / flag / config key names whose value is a credential (Azure SAS keys included)."""
+
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|JWT", re.I)
+"""Variable names that announce a credential."""
+SUSPICIOUS_NAME = re.compile(r"PASS|PWD|CRED|CERT|SIGN|API|ACCESS|SALT|HMAC|LICEN[CS]E|ACCOUNT|USER", re.I)
+"""Names where a long opaque value is presumably a credential even without a telltale word."""
+
+_TOKEN_FORMATS = (
+    r"\bhf_[A-Za-z0-9]{10,}",
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{16,}", r"\bgithub_pat_\w{20,}", r"\bglpat-[\w-]{16,}",
+    r"\bgl(?:dt|rt|cbt|ptt|oas)-[\w-]{16,}",
+    r"\bxox[abprse]-[\w-]{10,}", r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    r"\bAIza[\w-]{30,}", r"\bya29\.[\w-]{20,}", r"\bnvapi-[\w-]{12,}", r"\bnpm_[A-Za-z0-9]{30,}",
+    r"\bpypi-[\w-]{30,}", r"\bdop_v1_[0-9a-f]{40,}", r"\bSG\.[\w-]{16,}\.[\w-]{16,}",
+    r"\beyJ[\w-]{8,}\.[\w-]{8,}(?:\.[\w-]*)?",  # JWT (header.payload[.signature])
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----)?",
+    r"\bbot\d{6,}:[\w-]{30,}",  # Telegram bot token
+)
+TOKEN_VALUE = re.compile("|".join(_TOKEN_FORMATS), re.S)
+"""Credentials recognised by their own format, wherever they appear."""
+
+_OPAQUE = re.compile(r"[A-Za-z0-9+/_~.=-]{24,}")
+_HEX_DIGEST = re.compile(r"(?:[0-9a-fA-F]{2}){16,}(?:\.[A-Za-z0-9]+)*")
+_OPAQUE_BLOB = re.compile(r"[0-9a-fA-F]{32,}|[A-Za-z0-9+/_-]{24,}={0,2}")
+
+# A URL in free text (scheme://... up to whitespace or a quote).
+_URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>`]+""")
+# user:password@host without a scheme (scp-like ``git@host:path`` has no colon before the @).
+_BARE_USERINFO = re.compile(r"(?<![\w.+-])([\w.%+~-]+):([^\s/@:]+)@(?=[\w\[])")
+# --password=VALUE, --token VALUE, password: VALUE, api_key=VALUE, "token" = VALUE
+_ASSIGNMENT = re.compile(
+    r"""(?P<key>(?:--?)?[\w.-]*?(?:token|secret|passw(?:or)?d|passwd|pwd|api[_-]?key|access[_-]?key|"""
+    r"""private[_-]?key|(?<![a-z])keys?(?![a-z])|auth|credential|cookie|session|jwt|ticket|signature|(?<![a-z])sig(?![a-z]))[\w.-]*)"""
+    r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))(?P<value>"[^"]*"|'[^']*'|[^\s,;&"']+)""",
+    re.I,
+)
+_AUTH_SCHEME = re.compile(r"\b(bearer|basic|token|digest)\s+[\w.~+/=-]{8,}", re.I)
+
+
+def is_secret_key(key: str) -> bool:
+    """A query, fragment, flag or config key whose value is a credential."""
+    return bool(_SECRET_KEY.search(key.strip().lstrip("-")))
+
+
+def _opaque(segment: str) -> bool:
+    """A URL path segment that reads as a credential: long, mixed case and digits, not a hex digest."""
+    if _HEX_DIGEST.fullmatch(segment):
+        return False
+    for run in _OPAQUE.findall(segment):
+        if _HEX_DIGEST.fullmatch(run):
+            continue
+        if re.search(r"[a-z]", run) and re.search(r"[A-Z]", run) and re.search(r"[0-9]", run):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def _redact_pairs(text: str, sep: str) -> str:
+    """``k=v&k2=v2``: drop the pairs whose key names a credential; redact token values in the rest."""
+    kept = []
+    for pair in text.split(sep):
+        key, eq, value = pair.partition("=")
+        if eq and is_secret_key(urllib.parse.unquote_plus(key)):
+            continue
+        if not eq and TOKEN_VALUE.search(urllib.parse.unquote_plus(key)):
+            continue
+        if TOKEN_VALUE.search(urllib.parse.unquote_plus(value)):
+            continue
+        kept.append(pair)
+    return sep.join(kept)
+
+
+def redact_url(url: str) -> str:
+    """A URL with its credentials removed (structure first, then token formats in what is left).
+
+    ``https://user:token@host/x`` -> ``https://host/x`` (over http(s) a lone user name is often the
+    token itself, so the whole userinfo goes); ``ssh://git:pw@host/x`` -> ``ssh://git@host/x``;
+    credential query and fragment parameters are dropped; a token in the path becomes
+    :data:`REDACTED`; ``user:pw@host:path`` (no scheme) loses its userinfo; an unparsable URL is
+    scrubbed as text, or withheld whole.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        return _unparsable(url)
+    if not parts.scheme or not parts.netloc:  # scp-like "git@host:x", "user:pw@host:x", a path
+        return _scrub(url, urls=False)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        scheme = parts.scheme.lower().rsplit("+", 1)[-1]
+        user = userinfo.split(":", 1)[0]
+        keep_user = scheme in ("ssh", "sftp") and user and not TOKEN_VALUE.search(user) and not _opaque(user)
+        netloc = f"{user}@{host}" if keep_user else host
+    path = "/".join(REDACTED if (TOKEN_VALUE.search(urllib.parse.unquote(seg)) or _opaque(urllib.parse.unquote(seg)))
+                    else seg for seg in parts.path.split("/"))
+    query = _redact_pairs(parts.query, "&") if parts.query else ""
+    fragment = parts.fragment
+    if fragment:
+        if "=" in fragment or TOKEN_VALUE.search(fragment):
+            fragment = _redact_pairs(fragment, "&")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, path, query, fragment))
+
+
+def _unparsable(text: str) -> str:
+    """A URL that does not parse: scrub it as free text; withhold it if anything is still suspicious."""
+    cleaned = _scrub(text, urls=False)
+    if "@" in cleaned or "=" in cleaned or _opaque(cleaned) or REDACTED in cleaned:
+        return REDACTED
+    return cleaned
+
+
+# --------------------------------------------------------------------------- free text
+
+
+def _scrub(text: str, urls: bool = True) -> str:
+    if urls:
+        text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    text = _BARE_USERINFO.sub("", text)
+    text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    text = _ASSIGNMENT.sub(_assignment, text)
+    text = TOKEN_VALUE.sub(REDACTED, text)
+    return text
+
+
+def _assignment(m: re.Match[str]) -> str:
+    value = m.group("value")
+    if value == REDACTED or value.startswith("<redacted"):
+        return m.group(0)
+    if m.group("sep").strip() == "" and not m.group("key").startswith("-"):
+        # "token VALUE" in prose: only when the value itself looks like a credential
+        if not (TOKEN_VALUE.search(value) or _OPAQUE_BLOB.search(value)):
+            return m.group(0)
+    return f"{m.group('key')}{m.group('sep')}{REDACTED}"
+
+
+def redact_text(text: str) -> str:
+    """Free text (a variable's value, a flag string, an error message) with every credential removed."""
+    if not text:
+        return text
+    return _scrub(text)
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """A named value (an environment variable, a config key) that must not be recorded as it is."""
+    if SECRET_NAME.search(name):
+        return True
+    if redact_text(value) != value:
+        return True
+    return bool(SUSPICIOUS_NAME.search(name) and _OPAQUE_BLOB.search(value))
+
+
+def redact_value(value: Any) -> Any:
+    """Every string inside a TOML-ready value (dicts, lists, scalars) passed through :func:`redact_text`."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: redact_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(redact_value(v) for v in value)
+    return value
