@@ -39,6 +39,17 @@ _SECRET_KEY = re.compile(
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|JWT", re.I)
 """Variable names that announce a credential."""
+_BENIGN_NAME_WORDS = re.compile(
+    r"tokeni[sz]\w*|(?:bos|eos|pad|unk|sep|cls|mask|start|end|decoder_start)_tokens?|tokens?_(?:id|ids|per\w*)|"
+    r"(?:max|num|min)_(?:new_)?tokens|key_value|kv_heads|monkey|author\w*",
+    re.I,
+)
+"""Words inside names that contain TOKEN, KEY or AUTH and hold no credential (tokenizer, pad_token ...)."""
+
+
+def name_is_secret(name: str) -> bool:
+    """A variable or key name that announces a credential (``HF_TOKEN``, ``api_key``; not ``tokenizer``)."""
+    return bool(SECRET_NAME.search(_BENIGN_NAME_WORDS.sub("", name)))
 SUSPICIOUS_NAME = re.compile(r"PASS|PWD|CRED|CERT|SIGN|API|ACCESS|SALT|HMAC|LICEN[CS]E|ACCOUNT|USER", re.I)
 """Names where a long opaque value is presumably a credential even without a telltale word."""
 
@@ -66,7 +77,7 @@ _URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>`]+""")
 _BARE_USERINFO = re.compile(r"(?<![\w.+-])([\w.%+~-]+):([^\s/@:]+)@(?=[\w\[])")
 # --password=VALUE, --token VALUE, password: VALUE, api_key=VALUE, "token" = VALUE
 _ASSIGNMENT = re.compile(
-    r"""(?P<key>(?:--?)?[\w.-]*?(?:token|secret|passw(?:or)?d|passwd|pwd|api[_-]?key|access[_-]?key|"""
+    r"""(?P<key>(?:--?)?[\w.-]*?(?:token(?!i[sz])|secret|passw(?:or)?d|passwd|pwd|api[_-]?key|access[_-]?key|"""
     r"""private[_-]?key|(?<![a-z])keys?(?![a-z])|auth|credential|cookie|session|jwt|ticket|signature|(?<![a-z])sig(?![a-z]))[\w.-]*)"""
     r"""(?P<sep>\s*[=:]\s*|\s+(?=\S))(?P<value>"[^"]*"|'[^']*'|[^\s,;&"']+)""",
     re.I,
@@ -183,7 +194,7 @@ def redact_text(text: str) -> str:
 
 def looks_secret(name: str, value: str) -> bool:
     """A named value (an environment variable, a config key) that must not be recorded as it is."""
-    if SECRET_NAME.search(name):
+    if name_is_secret(name):
         return True
     if redact_text(value) != value:
         return True
@@ -201,3 +212,115 @@ def redact_value(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(redact_value(v) for v in value)
     return value
+
+
+# --------------------------------------------------------------------------- TOML text (trial configs)
+
+
+def _toml_string_end(text: str, i: int) -> int:
+    """Index just past the string literal that starts at ``text[i]`` (one of ``" ' \"\"\" '''``)."""
+    quote = text[i]
+    if text.startswith(quote * 3, i):
+        j = i + 3
+        while j < len(text):
+            if quote == '"' and text[j] == "\\":
+                j += 2
+                continue
+            if text.startswith(quote * 3, j):
+                j += 3
+                extra = 0
+                while j < len(text) and text[j] == quote and extra < 2:  # up to two more quotes end the content
+                    j += 1
+                    extra += 1
+                return j
+            j += 1
+        return len(text)
+    j = i + 1
+    while j < len(text) and text[j] != "\n":
+        if quote == '"' and text[j] == "\\":
+            j += 2
+            continue
+        if text[j] == quote:
+            return j + 1
+        j += 1
+    return j
+
+
+def _toml_string_value(token: str) -> str | None:
+    import tomllib
+
+    try:
+        value = tomllib.loads("v = " + token)["v"]
+    except (tomllib.TOMLDecodeError, KeyError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _basic_string(value: str) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def toml_without_comments(text: str, redact_strings: bool = True) -> str:
+    """TOML text with every comment removed (``#`` inside a string is left alone) and, with
+    ``redact_strings``, every string value that holds a credential rewritten without it (a value
+    under a key that names a credential, ``token = "..."``, becomes :data:`REDACTED` whole).
+
+    A line that held only a comment is dropped; trailing blanks before a comment go. The result
+    parses to the same document as ``text`` except for the redacted strings.
+    """
+    out: list[str] = []
+    statement = ""  # normal-state text since the last newline, "," or "{": the key being assigned
+    key = ""
+    i = 0
+    line_had_content = False
+    while i < len(text):
+        ch = text[i]
+        if ch in "\"'":
+            end = _toml_string_end(text, i)
+            token = text[i:end]
+            if redact_strings:
+                value = _toml_string_value(token)
+                after = text[end:].lstrip(" \t")[:1]
+                is_key = after in ("=", ".") or ("=" not in statement and statement.lstrip().startswith("["))
+                if value is not None and not is_key:
+                    if name_is_secret(key.strip().strip("\"'")):
+                        token = _basic_string(REDACTED)
+                    else:
+                        cleaned = redact_text(value)
+                        if cleaned != value:
+                            token = _basic_string(cleaned)
+            out.append(token)
+            statement += token
+            line_had_content = True
+            i = end
+            continue
+        if ch == "#":
+            j = text.find("\n", i)
+            j = len(text) if j < 0 else j
+            while out and out[-1] in (" ", "\t"):
+                out.pop()
+            if not line_had_content:  # a comment-only line: drop the whole line, newline included
+                while out and out[-1] != "\n" and out[-1].strip() == "":
+                    out.pop()
+                i = j + 1 if j < len(text) else j
+                continue
+            i = j
+            continue
+        if ch == "\n":
+            line_had_content = False
+            statement = ""
+        elif ch in ",{":
+            statement = ""
+        elif ch == "=":
+            key = statement
+        elif not ch.isspace():
+            line_had_content = True
+            if ch == "[" and not statement.strip():
+                key = ""
+        if ch not in "\n,{":
+            statement += ch
+        out.append(ch)
+        i += 1
+    return "".join(out)
