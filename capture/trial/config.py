@@ -366,7 +366,7 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
         raise ConfigError(f"{source}: no [trial] table", hint)
     t = _Table(doc["trial"], "trial", hint)
 
-    name = t.get("name", str, default_name)
+    name = redact_text(t.get("name", str, default_name))  # it names files and reports: never a credential
     seed = t.int("seed", 1234, 0)
     method = t.choice("method", METHODS, "full")
     device = t.choice("device", DEVICES, "auto")
