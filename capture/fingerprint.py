@@ -87,12 +87,25 @@ def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
     return {"vendor": "none", "model": "cpu", "count": 0, "runtime": "cpu"}
 
 
+def _check_artifacts(results: list[tuple[Any, float]]) -> None:
+    """``--verify-artifacts``: a blob that does not match its id is an error (exit 6), not a quiet field."""
+    from capture.probes.artifacts import ArtifactInfo, check_verified
+
+    for (section, _, _), (result, _secs) in zip(PROBES, results):
+        if section in ("models", "datasets") and isinstance(result, list):
+            for info in result:
+                if isinstance(info, ArtifactInfo):
+                    check_verified(info)
+
+
 def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
             timings: dict[str, float] | None = None, raise_user_errors: bool = True) -> dict[str, Any]:
     """Probe this machine and return a manifest dict (unsigned, not yet written).
 
     ``raise_user_errors``: a :class:`CaptureError` from a probe (a ``--model`` that is not in the
-    cache) propagates; `verify` turns it off so that a missing artifact is reported as drift.
+    cache) propagates, and so does :class:`ArtifactMismatch` (exit 6) when ``verify_artifacts``
+    finds a blob that does not match its id; `verify` turns it off so that a missing or corrupt
+    artifact is reported as drift.
     """
     options = options or ProbeOptions()
     manifest = new_manifest(kind)
@@ -113,6 +126,8 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     # run side by side; results are placed in PROBES order whatever order they finish in.
     with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
         results = list(pool.map(timed, PROBES))
+    if options.verify_artifacts and raise_user_errors:
+        _check_artifacts(results)
     sections: dict[str, Any] = {}
     for (section, _, _), (result, secs) in zip(PROBES, results):
         if timings is not None:
