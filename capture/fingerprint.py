@@ -87,6 +87,37 @@ def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
     return {"vendor": "none", "model": "cpu", "count": 0, "runtime": "cpu"}
 
 
+START_FIRST = ("code", "toolchain", "framework", "nvidia", "amd")
+"""Probes that start subprocesses or load a driver library: submitted first."""
+WALL = "(wall)"
+"""The key of ``collect``'s own wall time in its ``timings``."""
+
+
+def _start_order(entry: tuple[str, str, str]) -> int:
+    return START_FIRST.index(entry[0]) if entry[0] in START_FIRST else len(START_FIRST)
+
+
+def format_timings(timings: dict[str, float], total_s: float | None = None) -> str:
+    """The ``--timings`` table: each probe's own time, their sum, and the wall time of all of them.
+
+    Probes run concurrently (one thread each), so their own times overlap and add up to more than
+    the wall time; to see where a serial run would spend its time use
+    ``benchmarks/fingerprint_vs_collect_env.py --profile``.
+    """
+    from capture.fmt import seconds_str
+
+    own = {k: v for k, v in timings.items() if k != WALL}
+    lines = ["probes run concurrently (one thread each): their own times overlap; wall time is what you wait",
+             f"{'probe':14s} {'own time':>10s}"]
+    lines += [f"{name:14s} {seconds_str(secs):>10s}" for name, secs in own.items()]
+    lines.append(f"{'sum of probes':14s} {seconds_str(sum(own.values())):>10s}")
+    if WALL in timings:
+        lines.append(f"{'wall, probes':14s} {seconds_str(timings[WALL]):>10s}")
+    if total_s is not None:
+        lines.append(f"{'wall, total':14s} {seconds_str(total_s):>10s}   (from the start of the command to the manifest's bytes)")
+    return "\n".join(lines) + "\n"
+
+
 def _check_artifacts(results: list[tuple[Any, float]]) -> None:
     """``--verify-artifacts``: a blob that does not match its id is an error (exit 6), not a quiet field."""
     from capture.probes.artifacts import ArtifactInfo, check_verified
@@ -108,6 +139,9 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     artifact is reported as drift.
     """
     options = options or ProbeOptions()
+    from capture.probes import _fs
+
+    _fs.forget()  # each fingerprint lists folders afresh, once
     manifest = new_manifest(kind)
     manifest["probe"] = {
         "deep": options.deep,
@@ -123,9 +157,14 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
         return result, time.perf_counter() - t0
 
     # Probes wait on the kernel, NVML, git and subprocesses far more than on Python, so they
-    # run side by side; results are placed in PROBES order whatever order they finish in.
+    # run side by side; those that start subprocesses are started first, so that their children
+    # run while the other probes import and read. Results are placed in PROBES order.
+    t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
-        results = list(pool.map(timed, PROBES))
+        futures = {entry: pool.submit(timed, entry) for entry in sorted(PROBES, key=_start_order)}
+        results = [futures[entry].result() for entry in PROBES]
+    if timings is not None:
+        timings[WALL] = time.perf_counter() - t0
     if options.verify_artifacts and raise_user_errors:
         _check_artifacts(results)
     sections: dict[str, Any] = {}

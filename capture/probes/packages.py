@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from capture.probes import ProbeOptions
+from capture.probes._fs import listdir
 from capture.redact import redact_text, redact_url
 
 strip_url_credentials = redact_url
@@ -134,33 +135,50 @@ def _name_version_from_folder(folder: str) -> tuple[str, str]:
     return name, rest.split("-", 1)[0]
 
 
+def _read_dist(entry: str, folder: str) -> tuple[str, str, str | None] | None:
+    """(name, version, direct_url.json text) of one ``*.dist-info`` / ``*.egg-info`` folder."""
+    if folder.endswith(".dist-info"):
+        meta = os.path.join(entry, folder, "METADATA")
+    else:
+        meta = os.path.join(entry, folder)
+        if os.path.isdir(meta):
+            meta = os.path.join(meta, "PKG-INFO")
+    heads = _read_headers(meta)
+    guess_name, guess_version = _name_version_from_folder(folder)
+    name = heads.get("Name") or guess_name
+    version = heads.get("Version") or guess_version
+    if not name or not version:
+        return None
+    try:
+        with open(os.path.join(entry, folder, "direct_url.json"), encoding="utf-8") as f:
+            direct: str | None = f.read()
+    except OSError:
+        direct = None
+    return name, version, direct
+
+
+_PARALLEL_FROM = 24
+"""From this many distributions in one folder, their files are read by a few threads at once: on a
+network or overlay filesystem each open waits on the server, and the waits then overlap."""
+
+
 def _scan_dir(entry: str) -> Iterator[tuple[str, str, str | None]]:
     """(name, version, direct_url.json text) for each distribution in one sys.path folder."""
     try:
-        names = sorted(os.listdir(entry))
+        names = listdir(entry)
     except OSError:
         return
-    for folder in names:
-        if folder.endswith(".dist-info"):
-            meta = os.path.join(entry, folder, "METADATA")
-        elif folder.endswith(".egg-info"):
-            meta = os.path.join(entry, folder)
-            if os.path.isdir(meta):
-                meta = os.path.join(meta, "PKG-INFO")
-        else:
-            continue
-        heads = _read_headers(meta)
-        guess_name, guess_version = _name_version_from_folder(folder)
-        name = heads.get("Name") or guess_name
-        version = heads.get("Version") or guess_version
-        if not name or not version:
-            continue
-        try:
-            with open(os.path.join(entry, folder, "direct_url.json"), encoding="utf-8") as f:
-                direct: str | None = f.read()
-        except OSError:
-            direct = None
-        yield name, version, direct
+    folders = [n for n in names if n.endswith((".dist-info", ".egg-info"))]
+    if len(folders) >= _PARALLEL_FROM:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = list(pool.map(lambda folder: _read_dist(entry, folder), folders))
+    else:
+        found = [_read_dist(entry, folder) for folder in folders]
+    for item in found:
+        if item is not None:
+            yield item
 
 
 def _scan_zip(entry: str) -> Iterator[tuple[str, str, str | None]]:
