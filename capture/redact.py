@@ -11,8 +11,8 @@ Two kinds of evidence, used together:
   (``*_TOKEN``, ``*_SECRET`` ...);
 - **value**: what a credential looks like wherever it sits: provider token formats (Hugging Face,
   GitHub, GitLab, Slack, OpenAI-style, AWS, Google API keys, JWTs, private key blocks) and, in
-  a URL path, an opaque segment (24+ characters mixing upper case, lower case and digits; hex
-  digests are not opaque: they name content, not people).
+  a URL path, an opaque run (20+ letters and digits mixing upper case, lower case and digits; hex
+  digests and file names are not opaque).
 
 A URL that cannot be parsed is not returned as it came: it is scrubbed as free text, and withheld
 whole (:data:`REDACTED`) if anything credential-like is left. Every probe, the trial config
@@ -67,7 +67,7 @@ _TOKEN_FORMATS = (
 TOKEN_VALUE = re.compile("|".join(_TOKEN_FORMATS), re.S)
 """Credentials recognised by their own format, wherever they appear."""
 
-_OPAQUE = re.compile(r"[A-Za-z0-9+/_~.=-]{24,}")
+_OPAQUE = re.compile(r"[A-Za-z0-9]{20,}")
 _HEX_DIGEST = re.compile(r"(?:[0-9a-fA-F]{2}){16,}(?:\.[A-Za-z0-9]+)*")
 _OPAQUE_BLOB = re.compile(r"[0-9a-fA-F]{32,}|[A-Za-z0-9+/_-]{24,}={0,2}")
 
@@ -91,13 +91,15 @@ def is_secret_key(key: str) -> bool:
 
 
 def _opaque(segment: str) -> bool:
-    """A URL path segment that reads as a credential: long, mixed case and digits, not a hex digest."""
-    if _HEX_DIGEST.fullmatch(segment):
-        return False
+    """A URL path segment that holds a credential: an unbroken run of 20+ letters and digits mixing
+    upper case, lower case and digits scattered through it (3+ digits in 2+ places). Hex digests are not opaque (they name content), nor are
+    file names, whose words are short and separated (``PyYAML-6.0.1-cp311-manylinux_2_17.whl``)."""
     for run in _OPAQUE.findall(segment):
         if _HEX_DIGEST.fullmatch(run):
             continue
-        if re.search(r"[a-z]", run) and re.search(r"[A-Z]", run) and re.search(r"[0-9]", run):
+        digit_runs = re.findall(r"[0-9]+", run)
+        if re.search(r"[a-z]", run) and re.search(r"[A-Z]", run) and len(digit_runs) >= 2 \
+                and sum(map(len, digit_runs)) >= 3:  # random: digits scattered, not a year in a name
             return True
     return False
 

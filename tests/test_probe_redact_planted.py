@@ -70,6 +70,9 @@ def test_the_module_removes_each_case(case: tuple) -> None:
     ("GPU-260c4f31-7270-c299-6b83-dea31efee481", "GPU-260c4f31-7270-c299-6b83-dea31efee481"),
     ("10.0.0.5", "10.0.0.5"),
     ('tokenizer = "bytes"', 'tokenizer = "bytes"'),
+    ("https://files.example.org/p/PyYAML-6.0.1-cp311-cp311-manylinux_2_17_x86_64.whl",
+     "https://files.example.org/p/PyYAML-6.0.1-cp311-cp311-manylinux_2_17_x86_64.whl"),
+    ("https://github.com/org/MyProject2023ReleaseBuild.git", "https://github.com/org/MyProject2023ReleaseBuild.git"),
 ])
 def test_what_is_not_a_credential_is_kept(value: str, kept: str) -> None:
     assert redact.redact_text(value) == kept
