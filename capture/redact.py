@@ -32,10 +32,10 @@ REDACTED = "<redacted>"
 
 _SECRET_KEY = re.compile(
     r"token|secret|passw|pwd|pass$|^pw$|key|sig|auth|cred|session|cookie|jwt|ticket|^pat$|otp|"
-    r"private|bearer|x-amz-|x-goog-|^code$|^sas$|^sv$|^se$|^sp$|^st$|^skoid$|^sktid$|^ske$|^skt$|^sks$|^skv$|^sr$",
+    r"private|bearer|x-amz-|x-goog-|^code$|^skoid$|^sktid$",
     re.I,
 )
-"""Query / fragment / flag / config key names whose value is a credential (Azure SAS keys included)."""
+"""Query and fragment keys whose value is a credential (Azure SAS: `sig`, `skoid`, `sktid`)."""
 
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|JWT", re.I)
 """Variable names that announce a credential."""
@@ -187,9 +187,19 @@ def _assignment(m: re.Match[str]) -> str:
     return f"{m.group('key')}{m.group('sep')}{REDACTED}"
 
 
+_MAYBE = re.compile(
+    r"@|://|bearer|basic|digest|token|secret|passw|pwd|key|auth|credential|cookie|session|jwt|ticket|sig|"
+    r"hf_|gh[pousr]_|github_pat_|gl[a-z]{2,4}-|xox|sk-|AKIA|ASIA|AIza|ya29\.|nvapi-|npm_|pypi-|dop_v1_|SG\.|eyJ|"
+    r"-----BEGIN|bot\d",
+    re.I,
+)
+"""Everything :func:`_scrub` can act on contains one of these: most strings (versions, paths,
+hashes) are passed by this one search instead of five substitutions."""
+
+
 def redact_text(text: str) -> str:
     """Free text (a variable's value, a flag string, an error message) with every credential removed."""
-    if not text:
+    if not text or not _MAYBE.search(text):
         return text
     return _scrub(text)
 
