@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from capture import startenv as _startenv  # noqa: F401 - first: the environment before any library touches it
+
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"

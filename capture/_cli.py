@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 
@@ -17,6 +16,14 @@ from capture import __version__
 from capture.errors import EXIT_USAGE, CaptureError
 
 COMMAND_GROUPS = ("core", "trial", "image", "results", "preflight", "exec", "decide")
+# Which group defines a command, so that `capture fingerprint` imports only commands/core.py (start-up
+# time). A command missing here still works: every group is then imported, as for `capture --help`.
+COMMAND_GROUP_OF = {
+    "fingerprint": "core", "keygen": "core", "sign": "core", "verify": "core", "diff": "core",
+    "trial": "trial", "image": "image", "run": "image",
+    "pin": "results", "compare": "results", "show": "results", "export": "results",
+    "preflight": "preflight", "exec": "exec", "decide": "decide", "init": "decide",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,12 +34,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _groups_for(args: list[str] | None) -> tuple[str, ...]:
+    """The command groups to import for this command line: the command's own, or all of them."""
+    argv = sys.argv[1:] if args is None else args
+    command = next((a for a in argv if not a.startswith("-")), None)
+    group = COMMAND_GROUP_OF.get(command or "")
+    return (group,) if group else COMMAND_GROUPS
+
+
+def _parser(args: list[str] | None = None, groups: tuple[str, ...] = COMMAND_GROUPS) -> argparse.ArgumentParser:
     parser = _Parser(prog="capture", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"capture {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for group in COMMAND_GROUPS:
+    for group in groups:
         try:
             module = importlib.import_module(f"capture.commands.{group}")
         except ModuleNotFoundError as exc:
@@ -44,8 +59,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = _parser(args, _groups_for(args))
     ns = parser.parse_args(args)
+    import logging
+
     level = logging.DEBUG if ns.verbose else getattr(logging, os.environ.get("CAPTURE_LOG_LEVEL", "WARNING").upper(), logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not getattr(ns, "func", None):

@@ -31,16 +31,18 @@ def personal_allowed_signers() -> Path:
 
 
 def hub_cache_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The Hugging Face hub cache, resolved as huggingface_hub does: ``explicit`` (``--hf-cache``),
-    else ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE`` (the older name), else ``$HF_HOME/hub``,
-    else ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. It may not exist."""
+    """The Hugging Face hub cache, resolved as huggingface_hub resolves it (without importing it):
+    ``explicit`` (``--hf-cache``), else ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE`` (its older
+    name), else ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else
+    ``~/.cache/huggingface/hub``. It may not exist."""
     if explicit is not None and str(explicit):
         return Path(explicit).expanduser()
+    env = os.environ
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            return Path(os.environ[name]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+        if env.get(name):
+            return Path(env[name]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "huggingface" / "hub"

@@ -104,15 +104,15 @@ def test_other_cached_commit_by_hash(cache: Path) -> None:
 
 @pytest.mark.parametrize(("spec", "kind", "message", "hint"), [
     ("EleutherAI/gpt-neo-125m", "model", "model EleutherAI/gpt-neo-125m is not in the hub cache",
-     "huggingface-cli download EleutherAI/gpt-neo-125m --revision main"),
+     "hf download EleutherAI/gpt-neo-125m --revision main"),
     ("EleutherAI/gpt-j-6B@float16", "model", "(no ref float16)",
-     "huggingface-cli download EleutherAI/gpt-j-6B --revision float16"),
+     "hf download EleutherAI/gpt-j-6B --revision float16"),
     ("EleutherAI/gpt-j-6B@0123abcd", "model", "(no ref or snapshot 0123abcd)",
-     "huggingface-cli download EleutherAI/gpt-j-6B --revision 0123abcd"),
+     "hf download EleutherAI/gpt-j-6B --revision 0123abcd"),
     ("tatsu-lab/alpaca@v2", "dataset", "dataset tatsu-lab/alpaca@v2 is not in the hub cache",
-     "huggingface-cli download tatsu-lab/alpaca --repo-type dataset --revision v2"),
+     "hf download tatsu-lab/alpaca --repo-type dataset --revision v2"),
     ("tatsu-lab/alpaca", "model", "model tatsu-lab/alpaca is not in the hub cache",
-     "huggingface-cli download tatsu-lab/alpaca --revision main"),
+     "hf download tatsu-lab/alpaca --revision main"),
     ("not a repo!", "model", "is neither a hub repo id", "local folder that exists"),
     ("org/name@../../etc", "model", "is neither a hub repo id", "local folder that exists"),
 ])
@@ -239,7 +239,7 @@ def test_cli_not_cached_is_one_line_and_exit_2(cache: Path, tmp_path: Path, caps
     err = capsys.readouterr().err
     assert code == EXIT_USAGE
     assert err.splitlines()[0].startswith("error: model EleutherAI/gpt-j-6B@float16 is not in the hub cache")
-    assert "hint: huggingface-cli download EleutherAI/gpt-j-6B --revision float16" in err
+    assert "hint: hf download EleutherAI/gpt-j-6B --revision float16" in err
     assert "Traceback" not in err and not out.exists()
 
 
@@ -251,3 +251,64 @@ def test_cli_fingerprint_with_a_cached_model(cache: Path, tmp_path: Path) -> Non
                  "--model", "EleutherAI/gpt-j-6B@v1.0", "--verify-artifacts"]) == 0
     (model,) = manifest.load_unverified(out).data["models"]
     assert (model["commit"], model["verified"], model["mismatches"]) == (GPTJ_COMMIT, True, [])
+
+
+def test_cli_verify_artifacts_with_a_corrupted_blob_is_exit_6(cache: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """One corrupted blob: an error naming its path on stderr, exit 6, and no manifest written."""
+    from capture._cli import main
+    from capture.errors import EXIT_ARTIFACT
+
+    (good,) = artifacts.probe_models(ProbeOptions(models=("EleutherAI/gpt-j-6B",), hf_cache=cache, progress=False))
+    vocab = next(f for f in good.files if f.path == "vocab.json")
+    blob = cache / "models--EleutherAI--gpt-j-6B" / "blobs" / str(vocab.blob_id)
+    blob.write_bytes(b"tampered\n")
+    out = tmp_path / "m.toml"
+    code = main(["fingerprint", "-o", str(out), "--hf-cache", str(cache), "--code", str(tmp_path),
+                 "--model", "EleutherAI/gpt-j-6B", "--verify-artifacts"])
+    err = capsys.readouterr().err
+    assert code == EXIT_ARTIFACT == 6
+    first, hint = err.strip().splitlines()[-2:]
+    assert first == f"error: model EleutherAI/gpt-j-6B: vocab.json does not match its blob id: {blob.resolve()}"
+    assert hint == f"hint: the cached file is corrupt: delete {blob.resolve()} and run `hf download EleutherAI/gpt-j-6B --revision main`"
+    assert "Traceback" not in err and not out.exists()
+    # without --verify-artifacts the same cache fingerprints fine (nothing re-read)
+    assert main(["fingerprint", "-o", str(out), "--hf-cache", str(cache), "--code", str(tmp_path),
+                 "--model", "EleutherAI/gpt-j-6B"]) == 0
+
+
+def test_cli_verify_artifacts_with_a_missing_blob_is_exit_6(cache: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from capture._cli import main
+
+    folder = cache / "models--EleutherAI--gpt-j-6B"
+    (folder / "snapshots" / GPTJ_COMMIT / "merges.txt").resolve().unlink()
+    code = main(["fingerprint", "-o", str(tmp_path / "m.toml"), "--hf-cache", str(cache), "--code", str(tmp_path),
+                 "--model", "EleutherAI/gpt-j-6B", "--verify-artifacts"])
+    err = capsys.readouterr().err
+    assert code == 6 and "error: model EleutherAI/gpt-j-6B: merges.txt is missing from the hub cache" in err
+    assert "hf download EleutherAI/gpt-j-6B --revision main" in err
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"HF_HUB_CACHE": "/c/hub", "HUGGINGFACE_HUB_CACHE": "/old", "HF_HOME": "/h"}, "/c/hub"),
+    ({"HUGGINGFACE_HUB_CACHE": "/old", "HF_HOME": "/h"}, "/old"),
+    ({"HF_HOME": "/h", "XDG_CACHE_HOME": "/x"}, "/h/hub"),
+    ({"XDG_CACHE_HOME": "/x"}, "/x/huggingface/hub"),
+    ({"HOME": "/home/u"}, "/home/u/.cache/huggingface/hub"),
+])
+def test_paths_hub_cache_dir_agrees_with_huggingface_hub(env: dict[str, str], expected: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from capture import paths
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert paths.hub_cache_dir() == Path(expected)
+    theirs = subprocess.run([sys.executable, "-c", "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(theirs) == Path(expected)

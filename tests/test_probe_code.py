@@ -223,7 +223,11 @@ def test_plain_folder(tmp_path: Path) -> None:
         for rel, data in sorted([(b"a.txt", b"a\n"), (b"sub/b.bin", b"\x00\x01")]))
     assert info.tree_hash == "sha256:" + hashlib.sha256(b"capture-tree-v2\0" + entries).hexdigest()
     table = manifest.to_toml_value(info.to_manifest())
-    assert set(table) == {"path", "source", "tree_hash", "file_count", "size_bytes"}
+    assert set(table) == {"path", "source", "tree_hash", "file_count", "size_bytes", "files", "files_total",
+                          "files_truncated"}
+    assert table["files"] == {"a.txt": hashlib.sha1(b"blob 2\0a\n").hexdigest(),
+                              "sub/b.bin": hashlib.sha1(b"blob 2\0\x00\x01").hexdigest()}
+    assert (table["files_total"], table["files_truncated"]) == (2, False)
 
 
 def test_missing_folder_is_skipped(tmp_path: Path) -> None:
@@ -263,3 +267,32 @@ def test_clean_files_take_their_id_from_the_index_and_agree_with_a_full_rehash(r
     (copy / "train.py").write_text("print('edited')\n")
     (copy / "notes.txt").write_text("new\n")
     assert probe(repo).tree_hash == probe(copy).tree_hash != info.tree_hash
+
+
+def test_files_map_names_each_file_by_its_blob_id(repo: Path) -> None:
+    info = probe(repo)
+    staged = dict(line.split(" ", 1)[1].split("\t")[::-1] for line in git(repo, "ls-files", "-s").splitlines())
+    assert dict(info.files) == {p: s.split(" ")[0] for p, s in staged.items()}
+    assert list(info.files) == sorted(info.files, key=str.encode)
+    (repo / "train.py").write_text("print('edited')\n")
+    (repo / "new.py").write_text("new\n")
+    (repo / "run.sh").unlink()
+    after = probe(repo)
+    changed = {p for p in info.files.keys() & after.files.keys() if info.files[p] != after.files[p]}
+    assert changed == {"train.py"}
+    assert after.files.keys() - info.files.keys() == {"new.py"}
+    assert info.files.keys() - after.files.keys() == {"run.sh"}
+    assert (after.files_total, after.files_truncated) == (5, False)
+
+
+def test_files_map_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"f{i:02d}.txt").write_text(str(i))
+    monkeypatch.setattr(code, "FILES_LIMIT", 5)
+    info = probe(folder)
+    assert list(info.files) == [f"f{i:02d}.txt" for i in range(5)]
+    assert (info.files_total, info.files_truncated, info.file_count) == (12, True, 12)
+    body = manifest.dumps({**manifest.new_manifest(), "code": info.to_manifest()})
+    assert b"[code.files]" in body and b"files_truncated = true" in body

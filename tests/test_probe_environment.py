@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import fingerprint, manifest
+from capture import fingerprint, manifest, startenv
 from capture.probes import ProbeOptions
 from capture.probes import environment
 
@@ -46,7 +46,12 @@ def test_planted_secrets_never_reach_the_manifest(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("CAPTURE_IMAGE_REF", "capture/cuda:0.1")
     monkeypatch.setenv("UNRELATED_VAR", "not-recorded")
-    data = fingerprint.collect(ProbeOptions(code=tmp_path))
+    startenv.retake()  # as if the process had started with these variables
+    try:
+        data = fingerprint.collect(ProbeOptions(code=tmp_path))
+    finally:
+        monkeypatch.undo()
+        startenv.retake()
     body = manifest.dumps(data)
     for name, value in SECRETS.items():
         assert value.encode() not in body, name
@@ -80,3 +85,14 @@ def test_manifest_table_shape() -> None:
     info = environment.probe(ProbeOptions(), env={"NCCL_DEBUG": "WARN", "NCCL_IB_PASSWORD": "x"})
     assert manifest.to_toml_value(info.to_manifest()) == {
         "variables": {"NCCL_DEBUG": "WARN"}, "redacted": ["NCCL_IB_PASSWORD"]}
+
+
+def test_variables_set_after_start_are_not_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a library sets inside the process (torch sets TORCHINDUCTOR_CACHE_DIR) is not the run's setting."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    startenv.retake()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_root")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    info = environment.probe(ProbeOptions())
+    assert "TORCHINDUCTOR_CACHE_DIR" not in info.variables and "NCCL_DEBUG" not in info.variables
+    assert startenv.environ_at_start().get("TORCHINDUCTOR_CACHE_DIR") is None

@@ -53,3 +53,35 @@ def test_nvcc_version_json_is_read_without_starting_nvcc(tmp_path: Path, monkeyp
     assert probe(ProbeOptions()).to_manifest()["nvcc"]["version"] == "13.0.88"
     (tmp_path / "version.json").unlink()  # no file: falls back to running nvcc
     assert probe(ProbeOptions()).to_manifest()["nvcc"]["version"] == "99.9.99"
+
+
+PIP_WRAPPER = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from {tool} import {tool}
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit({tool}())
+"""
+
+
+@pytest.mark.parametrize("tool", ["cmake", "ninja"])
+def test_a_pip_console_script_wrapper_is_bypassed(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """pip's `cmake`/`ninja` wrappers start Python (~100 ms); the probe runs the binary they exec.
+    The wrapper's interpreter does not exist here: had the probe run the wrapper, no version."""
+    real = shutil.which(tool)
+    if real is None:
+        pytest.skip(f"no {tool} on this machine")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    wrapper = venv / "bin" / tool
+    wrapper.write_text(PIP_WRAPPER.format(python=venv / "bin" / "no-such-python", tool=tool))
+    wrapper.chmod(0o755)
+    data_bin = venv / "lib" / "python3.11" / "site-packages" / tool / "data" / "bin"
+    data_bin.mkdir(parents=True)
+    (data_bin / tool).symlink_to(real)
+    monkeypatch.setenv("PATH", str(venv / "bin"))
+    found = probe(ProbeOptions())
+    expected = parse_version(tool, subprocess.run([real, "--version"], capture_output=True, text=True).stdout)
+    assert found.versions[tool] == expected and found.paths[tool] == str(wrapper)

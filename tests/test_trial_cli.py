@@ -184,6 +184,10 @@ def test_catalog_override_gives_mfu_and_price_on_the_tested_device_only(tmp_path
 
 
 def test_find_max_batch_against_a_memory_limit_on_cpu(tmp_path):
+    import torch  # noqa: F401 - the trial imports these in this process: the budget sits above them
+    import transformers  # noqa: F401
+    from transformers import GPT2LMHeadModel  # noqa: F401
+
     from capture.trial.devmem import rss_bytes
 
     cfg = _small(tmp_path, SMALL.replace("n_layer = 2", "n_layer = 1"))
@@ -199,7 +203,7 @@ def test_find_max_batch_against_a_memory_limit_on_cpu(tmp_path):
     assert cands[best]["fits"] and cands[best]["device_used_bytes"] <= search["usable_bytes"]
     assert best < 512, "a 120 MiB budget cannot hold 512 sequences of 64 tokens"
     assert not cands[best + 1]["fits"] and "usable" in cands[best + 1]["reason"]  # bisection closed the gap
-    assert [c["micro_batch"] for c in search["candidates"]][:2] == [1, 2]
+    assert search["candidates"][0]["micro_batch"] == 1 and search["start_micro_batch"] > 1  # from the estimate, not 1, 2, 4
     assert all(c["fits"] == (c["micro_batch"] <= best) for c in search["candidates"] if c["fits"])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def test_shipped_examples_load_and_say_what_they_run():
             mc["num_key_value_heads"], mc["vocab_size"]) == (2048, 5632, 16, 16, 4, 32000)
     assert big.batch.max_seq_len == 2048 and big.batch.micro_batch_size == 8
     assert big.precision.dtype == "bf16" and big.precision.autocast and big.optimizer.fused == "auto"
-    assert big.source_text.startswith("# A Llama-style model")
+    assert big.source_text.startswith("[trial]") and "A Llama-style model" not in big.source_text  # comments go
 
 
 def test_unknown_example_suggests_the_near_name():
@@ -128,12 +129,14 @@ def test_file_errors_are_config_errors(tmp_path):
         load_config(bad)
 
 
-def test_load_config_keeps_the_text_verbatim_and_resolves_paths(tmp_path):
-    text = BASE + "# a comment the manifest must keep\n[trial.data]\nsource = \"local\"\npath = \"data\"\n"
+def test_load_config_records_the_text_without_comments_and_resolves_paths(tmp_path):
+    text = BASE + "# a comment the manifest must not keep\n[trial.data]\nsource = \"local\"\npath = \"data\"\n"
     f = tmp_path / "mine.toml"
     f.write_text(text)
     c = load_config(f)
-    assert c.source_text == text and c.source == str(f) and c.name == "t"
+    assert c.source_text == text.replace("# a comment the manifest must not keep\n", "")
+    assert c.source_sha256 == hashlib.sha256(text.encode()).hexdigest()
+    assert c.source == str(f) and c.name == "t"
     assert c.resolve_path("data") == tmp_path / "data"
 
 

@@ -88,9 +88,8 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     manifest = collect(options, timings=timings)
     body = mf.dumps(manifest)
     if args.timings:
-        for name, secs in timings.items():
-            sys.stderr.write(f"{name:12s} {secs * 1000:8.1f} ms\n")
-        sys.stderr.write(f"{'total':12s} {(time.perf_counter() - t0) * 1000:8.1f} ms\n")
+        from capture.fingerprint import format_timings
+        sys.stderr.write(format_timings(timings, time.perf_counter() - t0))
     if args.key:
         from capture import signing
         if not args.output:

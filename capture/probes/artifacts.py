@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from capture.errors import UsageError
+from capture.errors import ArtifactMismatch, UsageError
+from capture import paths
 from capture.probes import ProbeOptions
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -72,6 +73,8 @@ class ArtifactInfo:
     """Snapshot entries whose blob is not in the cache (an interrupted download)."""
     verified: bool | None = None
     mismatches: tuple[str, ...] = ()
+    mismatch_blobs: tuple[str, ...] = ()
+    """The blob files behind ``mismatches`` (absolute paths; for the error message, not the manifest)."""
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -88,18 +91,8 @@ class ArtifactInfo:
 
 
 def hub_cache_dir(options: ProbeOptions) -> Path:
-    """options.hf_cache, else HF_HUB_CACHE, else HF_HOME/hub, else huggingface_hub's default."""
-    if options.hf_cache is not None:
-        return Path(options.hf_cache).expanduser()
-    env = os.environ
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(name):
-            return Path(env[name]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
+    """options.hf_cache, else :func:`capture.paths.hub_cache_dir` (HF_HUB_CACHE, HF_HOME, ...)."""
+    return paths.hub_cache_dir(options.hf_cache)
 
 
 def _repo_folder(cache: Path, kind: str, repo_id: str) -> Path:
@@ -163,7 +156,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def _not_cached(spec: str, kind: str, repo_id: str, rev: str, cache: Path, why: str) -> UsageError:
     repo_type = " --repo-type dataset" if kind == "dataset" else ""
     return UsageError(f"{kind} {spec} is not in the hub cache at {cache} ({why})",
-                      f"huggingface-cli download {repo_id}{repo_type} --revision {rev}")
+                      f"hf download {repo_id}{repo_type} --revision {rev}")
 
 
 def resolve_commit(cache: Path, kind: str, repo_id: str, rev: str, spec: str) -> tuple[Path, str]:
@@ -235,6 +228,7 @@ def _hub_artifact(spec: str, kind: str, options: ProbeOptions) -> ArtifactInfo:
     content_hash = "sha256:" + hashlib.sha256(b"capture-hf-snapshot-v1\0" + entries).hexdigest()
     verified: bool | None = None
     mismatches: list[str] = []
+    mismatch_blobs: list[str] = []
     if options.verify_artifacts:
         unique = {}
         for f in files:
@@ -248,12 +242,31 @@ def _hub_artifact(spec: str, kind: str, options: ProbeOptions) -> ArtifactInfo:
         actual = _parallel(((blob, check(p, lfs)) for blob, (p, lfs) in unique.items()), total,
                            f"verify {spec}", options.progress)
         mismatches = [f.path for f in files if f.blob_id is not None and actual[f.blob_id] != f.blob_id]
+        mismatch_blobs = sorted({str(blob_paths[p]) for p in mismatches})
         verified = not mismatches and not missing
     return ArtifactInfo(
         spec=spec, kind=kind, source="hf-cache", content_hash=content_hash,
         size_bytes=sum(f.size_bytes for f in files), files=tuple(files), repo_id=repo_id, revision=rev,
         commit=commit, missing_files=tuple(missing), verified=verified, mismatches=tuple(mismatches),
+        mismatch_blobs=tuple(mismatch_blobs),
     )
+
+
+def check_verified(info: ArtifactInfo) -> None:
+    """Raise :class:`ArtifactMismatch` (exit 6) naming the first bad file when ``--verify-artifacts`` failed."""
+    if info.verified is not False:
+        return
+    repo_type = " --repo-type dataset" if info.kind == "dataset" else ""
+    again = f"hf download {info.repo_id}{repo_type} --revision {info.revision}"
+    if info.mismatches:
+        blob = info.mismatch_blobs[0] if info.mismatch_blobs else info.mismatches[0]
+        more = f" (and {len(info.mismatches) - 1} more)" if len(info.mismatches) > 1 else ""
+        raise ArtifactMismatch(
+            f"{info.kind} {info.spec}: {info.mismatches[0]} does not match its blob id: {blob}{more}",
+            f"the cached file is corrupt: delete {blob} and run `{again}`")
+    more = f" (and {len(info.missing_files) - 1} more)" if len(info.missing_files) > 1 else ""
+    raise ArtifactMismatch(f"{info.kind} {info.spec}: {info.missing_files[0]} is missing from the hub cache{more}",
+                           f"the download was interrupted: run `{again}`")
 
 
 # --------------------------------------------------------------------------- local folders

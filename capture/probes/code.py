@@ -21,6 +21,14 @@ does) tells which tracked files still match the index; their blob ids come from
 its filtered form while clean, and of its raw bytes while modified: the hash stays exact, but
 staging such a file changes it.)
 
+Files: ``[code.files]`` maps each path (as text) to its DIGEST above, so a comparison can name
+the files that changed, were added or were removed. Bounded: at most :data:`FILES_LIMIT` paths
+(the first in byte order) are listed; ``files_total`` counts them all and ``files_truncated`` is
+true when the map stops short (the tree hash still covers every file).
+
+Git is read with plain ``git`` subprocesses, all started at once so they overlap (no GitPython:
+its import alone costs ~75 ms and runs ``git version``).
+
 Read-only by construction: only ``ls-files``, ``status`` and ``rev-parse``-like reads run, with
 ``GIT_OPTIONAL_LOCKS=0`` so ``git status`` does not refresh and rewrite ``.git/index``; nothing is
 staged, no tree object is written.
@@ -31,13 +39,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from capture.probes import ProbeOptions, Skipped
-from capture.probes.packages import strip_url_credentials
+from capture.redact import redact_text, redact_url
 
+FILES_LIMIT = 5000
+"""Most paths listed in ``[code.files]``; past it ``files_truncated = true``."""
 TREE_HASH_HEADER = b"capture-tree-v2\0"
 
 
@@ -48,6 +59,8 @@ class TreeHash:
     file_count: int
     size_bytes: int
     deleted: tuple[str, ...] = ()
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Path -> DIGEST for every entry that exists (``D`` entries are left out), in byte order."""
 
 
 def git_blob_id(data: bytes) -> str:
@@ -78,6 +91,7 @@ def hash_tree(root: Path, paths: Iterable[bytes], gitlinks: dict[bytes, str] | N
     outer = hashlib.sha256(TREE_HASH_HEADER)
     count = size = 0
     deleted: list[str] = []
+    files: dict[str, str] = {}
     base = os.fsencode(root)
     for rel in sorted(set(paths)):
         full = os.path.join(base, rel)
@@ -101,8 +115,9 @@ def hash_tree(root: Path, paths: Iterable[bytes], gitlinks: dict[bytes, str] | N
             else:
                 kind, digest = "O", "-"
             count += 1
+            files[os.fsdecode(rel)] = digest
         outer.update(f"{kind} {digest} ".encode() + rel + b"\0")
-    return TreeHash(f"sha256:{outer.hexdigest()}", count, size, tuple(deleted))
+    return TreeHash(f"sha256:{outer.hexdigest()}", count, size, tuple(deleted), files)
 
 
 def list_directory(root: Path) -> list[bytes]:
@@ -119,12 +134,14 @@ def list_directory(root: Path) -> list[bytes]:
 
 
 def _submodule_commit(path: str) -> str | None:
+    """The checked-out commit of a submodule; None when it is not checked out (use the index)."""
     try:
-        import git
-
-        return git.Repo(path).head.commit.hexsha
-    except Exception:  # not checked out, or not a repository: fall back to the index
+        proc = subprocess.run(["git", "-C", path, "rev-parse", "-q", "--verify", "HEAD"], capture_output=True,
+                              env=_git_env(), stdin=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    out = proc.stdout.decode(errors="replace").strip()
+    return out if proc.returncode == 0 and out else None
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,7 @@ class CodeInfo:
     size_bytes: int
     remote_name: str | None = None
     remote_url: str | None = None
+    """Credentials removed (:func:`capture.redact.redact_url`)."""
     commit: str | None = None
     branch: str | None = None
     detached: bool | None = None
@@ -145,15 +163,81 @@ class CodeInfo:
     """Tracked paths that differ from HEAD (staged or not, deletions included)."""
     untracked_count: int | None = None
     """Untracked, not ignored files (they are part of tree_hash)."""
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Path -> digest (git blob id; submodule commit; ``-``), at most :data:`FILES_LIMIT` of them."""
+    files_total: int = 0
+    files_truncated: bool = False
 
     def to_manifest(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k != "files"}
+        out["files"] = dict(self.files)
+        return out
 
 
-def _status(repo: Any) -> tuple[int, int, set[bytes]]:
+def _bounded(tree: TreeHash) -> dict[str, Any]:
+    listed = dict(list(tree.files.items())[:FILES_LIMIT])
+    return {"files": listed, "files_total": len(tree.files), "files_truncated": len(tree.files) > FILES_LIMIT}
+
+
+# --------------------------------------------------------------------------- git, as subprocesses
+
+
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+class GitFailed(Exception):
+    """A git command exited non-zero; ``detail`` is the last line of its stderr (credentials removed)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class _Git:
+    """Start several read-only git commands at once in one work tree; collect each when needed."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = str(cwd)
+        self.env = _git_env()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, key: str, *args: str) -> None:
+        self.procs[key] = subprocess.Popen(["git", *args], cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def result(self, key: str, check: bool = True) -> tuple[int, bytes]:
+        proc = self.procs.pop(key)
+        out, err = proc.communicate()
+        if check and proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            raise GitFailed(redact_text(lines[-1] if lines else f"git exited {proc.returncode}"))
+        return proc.returncode, out
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.communicate()
+        self.procs.clear()
+
+
+def _work_tree(folder: Path) -> tuple[Path | None, str | None]:
+    """(work tree root, None), or (None, why not) when ``folder`` is not inside a work tree."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "--is-bare-repository", "--show-toplevel"], cwd=folder,
+                              env=_git_env(), capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+    except FileNotFoundError:
+        return None, "no-git"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    lines = proc.stdout.decode(errors="surrogateescape").splitlines()
+    if proc.returncode != 0 or len(lines) < 2 or lines[0] == "true":
+        return None, "not-a-work-tree"
+    return Path(lines[1]), None
+
+
+def _status(raw: bytes) -> tuple[int, int, set[bytes]]:
     """(modified count, untracked count, paths whose work-tree content may differ from the index)."""
-    raw: bytes = repo.git.status("--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=none",
-                                 stdout_as_string=False)
     modified = untracked = 0
     unsure: set[bytes] = set()
     fields = raw.split(b"\0")
@@ -175,9 +259,8 @@ def _status(repo: Any) -> tuple[int, int, set[bytes]]:
     return modified, untracked, unsure
 
 
-def _index(repo: Any) -> tuple[dict[bytes, str], dict[bytes, tuple[str, str]]]:
+def _index(raw: bytes) -> tuple[dict[bytes, str], dict[bytes, tuple[str, str]]]:
     """(submodule path -> commit, file path -> (KIND, blob id)) from ``git ls-files --stage``."""
-    raw: bytes = repo.git.ls_files("-z", "--stage", stdout_as_string=False)
     gitlinks: dict[bytes, str] = {}
     blobs: dict[bytes, tuple[str, str]] = {}
     for entry in raw.split(b"\0"):
@@ -193,39 +276,51 @@ def _index(repo: Any) -> tuple[dict[bytes, str], dict[bytes, tuple[str, str]]]:
     return gitlinks, blobs
 
 
-def _remote(repo: Any) -> tuple[str | None, str | None]:
-    names = sorted(r.name for r in repo.remotes)
-    if not names:
+def _remote(raw: bytes) -> tuple[str | None, str | None]:
+    """``origin`` if it exists, else the first remote by name; from ``git config -z --get-regexp``."""
+    urls: dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        key, _, value = entry.decode(errors="replace").partition("\n")
+        if key.startswith("remote.") and key.endswith(".url"):
+            urls.setdefault(key[len("remote."):-len(".url")], value)
+    if not urls:
         return None, None
-    name = "origin" if "origin" in names else names[0]
-    reader = repo.config_reader()
-    try:
-        url = reader.get_value(f'remote "{name}"', "url")
-    except Exception:
-        return name, None
-    return name, strip_url_credentials(str(url))
+    name = "origin" if "origin" in urls else sorted(urls)[0]
+    return redact_text(name), redact_url(urls[name])
 
 
-def _probe_git(repo: Any) -> CodeInfo:
-    repo.git.update_environment(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0")
-    root = Path(repo.working_tree_dir)
+def _probe_git(root: Path) -> CodeInfo:
+    g = _Git(root)
     try:
-        commit: str | None = repo.head.commit.hexsha
-    except ValueError:  # no commits yet
-        commit = None
-    detached = repo.head.is_detached
-    branch = None if detached else repo.head.reference.name
-    remote_name, remote_url = _remote(repo)
-    listing: bytes = repo.git.ls_files("-z", "--cached", "--others", "--exclude-standard", stdout_as_string=False)
-    modified, untracked, unsure = _status(repo)
-    gitlinks, blobs = _index(repo)
+        # every command starts now and runs side by side; each is collected when needed
+        g.start("head", "rev-parse", "-q", "--verify", "HEAD")
+        g.start("branch", "symbolic-ref", "-q", "HEAD")
+        g.start("remotes", "config", "-z", "--get-regexp", r"^remote\..*\.url$")
+        g.start("listing", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+        g.start("status", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=none")
+        g.start("index", "ls-files", "-z", "--stage")
+        rc, out = g.result("head", check=False)
+        commit = out.decode().strip() if rc == 0 and out.strip() else None  # None: no commits yet
+        rc, out = g.result("branch", check=False)
+        ref = out.decode(errors="replace").strip()
+        detached = rc != 0 or not ref
+        branch = None if detached else ref.removeprefix("refs/heads/")
+        _, out = g.result("remotes", check=False)  # exit 1: no remote
+        remote_name, remote_url = _remote(out)
+        _, listing = g.result("listing")
+        _, raw_status = g.result("status")
+        _, raw_index = g.result("index")
+    finally:
+        g.close()
+    modified, untracked, unsure = _status(raw_status)
+    gitlinks, blobs = _index(raw_index)
     known = {p: v for p, v in blobs.items() if p not in unsure}
     tree = hash_tree(root, [p for p in listing.split(b"\0") if p], gitlinks, known)
     return CodeInfo(
         path=str(root), source="git", tree_hash=tree.digest, file_count=tree.file_count,
         size_bytes=tree.size_bytes, remote_name=remote_name, remote_url=remote_url, commit=commit,
         branch=branch, detached=detached, dirty=bool(modified or untracked),
-        modified_count=modified, untracked_count=untracked,
+        modified_count=modified, untracked_count=untracked, **_bounded(tree),
     )
 
 
@@ -233,7 +328,7 @@ def probe_directory(folder: Path) -> CodeInfo:
     root = folder.resolve()
     tree = hash_tree(root, list_directory(root))
     return CodeInfo(path=str(root), source="directory", tree_hash=tree.digest, file_count=tree.file_count,
-                    size_bytes=tree.size_bytes)
+                    size_bytes=tree.size_bytes, **_bounded(tree))
 
 
 def probe(options: ProbeOptions) -> CodeInfo | Skipped:
@@ -243,27 +338,15 @@ def probe(options: ProbeOptions) -> CodeInfo | Skipped:
         return Skipped(f"no such folder: {folder}")
     if not folder.is_dir():
         return Skipped(f"not a folder: {folder}")
-    try:
-        import git
-    except ImportError:
-        git = None  # type: ignore[assignment]
-    repo = None
-    if git is not None:
-        try:
-            repo = git.Repo(folder, search_parent_directories=True)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            repo = None
-    if repo is None or repo.bare:
+    root, why = _work_tree(folder)
+    if root is None:
+        if why == "no-git" and (folder / ".git").exists():
+            return Skipped("git is not installed; the code folder is a git work tree but cannot be read without it")
         if not explicit:
             # Hashing whatever folder we happen to run in (a home directory?) could take hours.
             return Skipped("the current folder is not a git work tree; pass --code DIR to hash a plain folder")
         return probe_directory(folder)
     try:
-        return _probe_git(repo)
-    except git.GitCommandNotFound:
-        return Skipped("git is not installed; the code folder is a git work tree but cannot be read without it")
-    except git.GitCommandError as exc:
-        detail = (exc.stderr or "").strip().splitlines()
-        return Skipped(f"git failed in {folder}: {detail[-1] if detail else exc}")
-    finally:
-        repo.close()
+        return _probe_git(root)
+    except GitFailed as exc:
+        return Skipped(f"git failed in {folder}: {exc.detail}")

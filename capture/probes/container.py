@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from capture.probes import ProbeOptions
-from capture.probes.packages import strip_url_credentials
+from capture.redact import redact_text, redact_url
 
 ENV_IMAGE_ID = "CAPTURE_IMAGE_ID"
 ENV_IMAGE_REF = "CAPTURE_IMAGE_REF"
@@ -123,7 +123,7 @@ def image_identity(env: Mapping[str, str]) -> tuple[str | None, str | None, dict
         image_id = None
     image_ref = env.get(ENV_IMAGE_REF) or None
     if image_ref is not None:
-        image_ref = strip_url_credentials(image_ref)
+        image_ref = redact_url(image_ref)
     labels: dict[str, str] = {}
     raw = env.get(ENV_IMAGE_LABELS)
     if raw:
@@ -135,7 +135,7 @@ def image_identity(env: Mapping[str, str]) -> tuple[str | None, str | None, dict
             if not isinstance(data, dict):
                 errors.append(f"{ENV_IMAGE_LABELS} must be a JSON object, found {type(data).__name__}; labels not recorded")
             else:
-                labels = {str(k): strip_url_credentials(v if isinstance(v, str) else json.dumps(v))
+                labels = {redact_text(str(k)): redact_text(v if isinstance(v, str) else json.dumps(v))
                           for k, v in data.items()}
     return image_id, image_ref, labels, errors
 

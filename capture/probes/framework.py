@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from capture.probes import ProbeOptions, Skipped
+from capture.probes._fs import listdir
 
 DEEP_TIMEOUT_S = 300.0
 
@@ -136,7 +137,7 @@ def _dist_versions(site_dirs: Iterable[Path]) -> dict[str, tuple[str, str]]:
     found: dict[str, tuple[str, str]] = {}
     for site in site_dirs:
         try:
-            names = sorted(os.listdir(site))
+            names = listdir(site)
         except OSError:
             continue
         for name in names:

@@ -362,11 +362,21 @@ def read_device(nvml: Any, index: int) -> NvidiaDevice:
     )
 
 
+_DRIVER_SIGNS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+
+
 def load_nvml() -> tuple[Any | None, str | None]:
     """Import ``pynvml`` and run ``nvmlInit``: ``(module, None)`` or ``(None, why not)``.
 
-    Tests put a fake module in ``sys.modules["pynvml"]``; nothing else is faked.
+    Tests put a fake module in ``sys.modules["pynvml"]``; nothing else is faked. Where the
+    machine shows no sign of an NVIDIA driver (no ``/proc/driver/nvidia``, ``/dev/nvidiactl``,
+    ``/dev/nvidia0`` nor WSL's ``/dev/dxg``), pynvml is not even imported: that import and its
+    failing ``nvmlInit`` cost a CPU machine's fingerprint more than all the other probes.
     """
+    import sys
+
+    if "pynvml" not in sys.modules and not any(os.path.exists(p) for p in _DRIVER_SIGNS):
+        return None, "no NVIDIA kernel driver (no /proc/driver/nvidia, no /dev/nvidiactl)"
     try:
         import pynvml  # noqa: PLC0415 - optional dependency, imported only when probing
     except ImportError as exc:

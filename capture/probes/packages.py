@@ -11,43 +11,15 @@ import json
 import os
 import re
 import sys
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from capture.probes import ProbeOptions
+from capture.probes._fs import listdir
+from capture.redact import redact_text, redact_url
 
-_SECRET_QUERY_KEYS = re.compile(r"token|key|sig|secret|pass|auth|cred|session|x-amz-|x-goog-", re.I)
-
-
-def strip_url_credentials(url: str) -> str:
-    """Drop passwords and tokens from a URL.
-
-    ``https://user:token@host/x`` -> ``https://host/x``: over http(s) a lone user name is often
-    the token itself, so the whole userinfo goes. ``ssh://git@host/x`` keeps its user (not a
-    secret); a password after it goes. Query parameters that look like credentials (``token=``,
-    presigned ``X-Amz-Signature=``) are dropped. scp-style ``git@host:org/repo`` has no password
-    and is returned unchanged.
-    """
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    if not parts.scheme or not parts.netloc:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        scheme = parts.scheme.lower().rsplit("+", 1)[-1]
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{host}" if scheme == "ssh" and user else host
-    query = parts.query
-    if query:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if not _SECRET_QUERY_KEYS.search(k)]
-        if len(kept) != len(pairs):
-            query = urllib.parse.urlencode(kept)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+strip_url_credentials = redact_url
+"""Kept for callers outside the probes (``capture/image/build.py``): :func:`capture.redact.redact_url`."""
 
 
 def normalize_name(name: str) -> str:
@@ -134,13 +106,14 @@ def _from_direct_url(text: str | None) -> dict[str, Any]:
         return {"source": "index"}
     try:
         data = json.loads(text)
-        url = strip_url_credentials(str(data["url"]))
+        url = redact_url(str(data["url"]))
     except (ValueError, KeyError, TypeError):
         return {"source": "unknown"}
     if isinstance(data.get("vcs_info"), dict):
         vcs = data["vcs_info"]
+        revision = vcs.get("requested_revision")
         return {"source": "vcs", "url": url, "vcs": vcs.get("vcs"), "commit": vcs.get("commit_id"),
-                "requested_revision": vcs.get("requested_revision")}
+                "requested_revision": redact_text(revision) if isinstance(revision, str) else revision}
     if isinstance(data.get("archive_info"), dict):
         info = data["archive_info"]
         digest = None
@@ -162,33 +135,50 @@ def _name_version_from_folder(folder: str) -> tuple[str, str]:
     return name, rest.split("-", 1)[0]
 
 
+def _read_dist(entry: str, folder: str) -> tuple[str, str, str | None] | None:
+    """(name, version, direct_url.json text) of one ``*.dist-info`` / ``*.egg-info`` folder."""
+    if folder.endswith(".dist-info"):
+        meta = os.path.join(entry, folder, "METADATA")
+    else:
+        meta = os.path.join(entry, folder)
+        if os.path.isdir(meta):
+            meta = os.path.join(meta, "PKG-INFO")
+    heads = _read_headers(meta)
+    guess_name, guess_version = _name_version_from_folder(folder)
+    name = heads.get("Name") or guess_name
+    version = heads.get("Version") or guess_version
+    if not name or not version:
+        return None
+    try:
+        with open(os.path.join(entry, folder, "direct_url.json"), encoding="utf-8") as f:
+            direct: str | None = f.read()
+    except OSError:
+        direct = None
+    return name, version, direct
+
+
+_PARALLEL_FROM = 24
+"""From this many distributions in one folder, their files are read by a few threads at once: on a
+network or overlay filesystem each open waits on the server, and the waits then overlap."""
+
+
 def _scan_dir(entry: str) -> Iterator[tuple[str, str, str | None]]:
     """(name, version, direct_url.json text) for each distribution in one sys.path folder."""
     try:
-        names = sorted(os.listdir(entry))
+        names = listdir(entry)
     except OSError:
         return
-    for folder in names:
-        if folder.endswith(".dist-info"):
-            meta = os.path.join(entry, folder, "METADATA")
-        elif folder.endswith(".egg-info"):
-            meta = os.path.join(entry, folder)
-            if os.path.isdir(meta):
-                meta = os.path.join(meta, "PKG-INFO")
-        else:
-            continue
-        heads = _read_headers(meta)
-        guess_name, guess_version = _name_version_from_folder(folder)
-        name = heads.get("Name") or guess_name
-        version = heads.get("Version") or guess_version
-        if not name or not version:
-            continue
-        try:
-            with open(os.path.join(entry, folder, "direct_url.json"), encoding="utf-8") as f:
-                direct: str | None = f.read()
-        except OSError:
-            direct = None
-        yield name, version, direct
+    folders = [n for n in names if n.endswith((".dist-info", ".egg-info"))]
+    if len(folders) >= _PARALLEL_FROM:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            found = list(pool.map(lambda folder: _read_dist(entry, folder), folders))
+    else:
+        found = [_read_dist(entry, folder) for folder in folders]
+    for item in found:
+        if item is not None:
+            yield item
 
 
 def _scan_zip(entry: str) -> Iterator[tuple[str, str, str | None]]:

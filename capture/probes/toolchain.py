@@ -4,6 +4,7 @@ or first use, so they are part of the stack). One short subprocess per tool that
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -50,6 +51,30 @@ def _nvcc_from_version_json(exe: str) -> str | None:
         return None
 
 
+def wrapped_binary(exe: str, tool: str) -> str | None:
+    """The real binary behind a pip console-script wrapper, or None when ``exe`` is not one.
+
+    ``pip install cmake`` / ``ninja`` put a Python script in ``<prefix>/bin`` that starts an
+    interpreter, imports the package and execs ``<site-packages>/<tool>/data/bin/<tool>``: ~100 ms
+    of Python before the tool says its version. The binary itself answers in milliseconds, with
+    the same output; the manifest still records the path on PATH."""
+    try:
+        with open(exe, "rb") as f:
+            head = f.read(2048)
+    except OSError:
+        return None
+    first = head.split(b"\n", 1)[0]
+    if not (head.startswith(b"#!") and b"python" in first and re.search(rb"(?:from|import) %s\b" % tool.encode(), head)):
+        return None
+    import glob
+
+    prefix = Path(exe).parent.parent
+    for candidate in sorted(glob.glob(str(prefix / "lib" / "python*" / "site-packages" / tool / "data" / "bin" / tool))):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def _one(tool: str) -> tuple[str, str, str] | None:
     cmd = TOOLS[tool][0]
     exe = shutil.which(cmd[0])
@@ -57,8 +82,9 @@ def _one(tool: str) -> tuple[str, str, str] | None:
         return None
     if tool == "nvcc" and (version := _nvcc_from_version_json(exe)):
         return tool, version, exe
+    run = wrapped_binary(exe, tool) or exe
     try:
-        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=TIMEOUT_S)
+        out = subprocess.run([run, *cmd[1:]], capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return None
     version = parse_version(tool, out.stdout + out.stderr)

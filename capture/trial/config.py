@@ -1,7 +1,9 @@
 """The trial config: a TOML file that defines the run before any card is measured.
 
-The file is recorded verbatim in the manifest (``trial.config_toml``) beside the resolved
-definition, so a reviewer sees both what was asked and what ran. Every key lives under
+The file is recorded in the manifest (``trial.config_toml``) beside the resolved definition, so a
+reviewer sees both what was asked and what ran: as written, except that comments are removed and
+any string value holding a credential is rewritten without it (:func:`capture.redact.toml_without_comments`);
+``source_sha256`` is the hash of the exact bytes. Every key lives under
 ``[trial]``; an error names the exact key to fix (``trial.optimizer.lr: must be > 0, got -1``)
 and an unknown key is an error with a did-you-mean, never silently ignored.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import ConfigError
+from capture.redact import redact_text, redact_value, toml_without_comments
 
 METHODS = ("full", "lora")
 DEVICES = ("auto", "cpu", "cuda")
@@ -174,7 +178,9 @@ class TrialConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     source_text: str = ""
-    """The config file exactly as written (recorded as ``trial.config_toml``)."""
+    """The config as recorded (``trial.config_toml``): the file without its comments, credentials removed."""
+    source_sha256: str = ""
+    """sha256 of the config file's exact text (UTF-8), comments included."""
     source: str = ""
     """Where it came from: a path, or ``example:NAME``."""
     base_dir: str = "."
@@ -321,8 +327,29 @@ class _Table:
                 raise ConfigError(f"{self._key(key)}: unknown key{extra}", self.hint)
 
 
+def recorded_text(text: str) -> str:
+    """What ``trial.config_toml`` holds: ``text`` without comments and without credentials."""
+    out = toml_without_comments(text)
+    try:
+        tomllib.loads(out)
+    except tomllib.TOMLDecodeError:  # never expected; still, never record the comments
+        import tomli_w
+
+        out = tomli_w.dumps(redact_value(tomllib.loads(text)))
+    return out
+
+
 def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
     """Check and resolve a config text. Raises :class:`ConfigError` naming the key to fix."""
+    try:
+        return _parse(text, source, base_dir, default_name)
+    except ConfigError as exc:  # a message quotes the offending value: never a credential on stderr
+        exc.message = redact_text(exc.message)
+        exc.args = (exc.message,)
+        raise
+
+
+def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
     hint = f"fix it in {source}; docs/trial.md lists every key"
     if any(line.strip() == "[signature]" for line in text.splitlines()):
         raise ConfigError(f"{source}: a line reads [signature]", "that line is reserved for the manifest's signature; remove it")
@@ -339,7 +366,7 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
         raise ConfigError(f"{source}: no [trial] table", hint)
     t = _Table(doc["trial"], "trial", hint)
 
-    name = t.get("name", str, default_name)
+    name = redact_text(t.get("name", str, default_name))  # it names files and reports: never a credential
     seed = t.int("seed", 1234, 0)
     method = t.choice("method", METHODS, "full")
     device = t.choice("device", DEVICES, "auto")
@@ -462,7 +489,8 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
         name=name, seed=seed, method=method, device=device, warmup_steps=warmup, measured_steps=measured,
         model=model, lora=lora, optimizer=optimizer, scheduler=scheduler, precision=precision, batch=batch,
         data=data, validation=validation, checkpoint=checkpoint, recovery=recovery,
-        source_text=text, source=source, base_dir=str(base_dir),
+        source_text=recorded_text(text), source_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        source=source, base_dir=str(base_dir),
     )
 
 

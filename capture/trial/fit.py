@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from capture.errors import ConfigError
+from capture.paths import config_dir
 
 DEFAULT_HEADROOM = 0.10
 
 
 def user_catalog_path() -> Path:
-    """``$XDG_CONFIG_HOME/capture/accelerators.toml``, else ``~/.config/capture/accelerators.toml``."""
-    xdg = os.environ.get("XDG_CONFIG_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
-    return base / "capture" / "accelerators.toml"
+    """``accelerators.toml`` in the config folder (:func:`capture.paths.config_dir`)."""
+    return config_dir() / "accelerators.toml"
 
 
 # --------------------------------------------------------------------------- catalog
@@ -240,11 +239,115 @@ def try_micro_batch(config: Any, device: Any, micro_batch: int, usable_bytes: in
     return Candidate(micro_batch, True, used, "completed full steps within the headroom")
 
 
+def _per_sample_bytes_estimate(wl: Any, config: Any, device: Any) -> int:
+    """What one more sequence in the micro-batch costs, by the memory estimate (capture.trial.memory)."""
+    from capture.trial.memory import estimate, shape_of
+
+    dtype = str(next(wl.model.parameters()).dtype).removeprefix("torch.")
+    weight_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
+    p = config.precision
+
+    def at(mb: int) -> int:
+        return estimate(shape=shape_of(wl.model), params_total=wl.params_total, params_trainable=wl.params_trainable,
+                        weight_dtype=weight_dtype, precision=p.dtype, autocast=p.autocast,
+                        optimizer=config.optimizer.name, momentum=config.optimizer.momentum, micro_batch=mb,
+                        seq_len=config.batch.max_seq_len, device_type=device.type, framework_overhead_bytes=None,
+                        framework_overhead_source="").total_bytes
+
+    return max(1, at(2) - at(1))
+
+
+class _Search:
+    """One workload, built once; each candidate is one full training step at that micro-batch."""
+
+    def __init__(self, config: Any, device: Any, usable: int, memory: Any) -> None:
+        from capture.trial.devmem import DeviceMemory
+        from capture.trial.workload import build_workload
+
+        self.device, self.usable = device, usable
+        self.accum = config.batch.grad_accum
+        self.dm = memory if memory is not None else DeviceMemory(device)
+        release_memory(device)
+        self.wl = build_workload(config.with_overrides(micro_batch_size=1), device)
+        self.sample = next(self.wl.loader)  # one real sequence; a candidate's batch repeats it
+        self.slope = _per_sample_bytes_estimate(self.wl, config, device)
+        self.slope_source = "memory estimate"
+        self.tried: dict[int, Candidate] = {}
+
+    def step(self, mb: int) -> int | None:
+        import itertools
+
+        ids = self.sample.repeat(mb, 1)
+        self.wl.train_step_async(itertools.repeat(ids, self.accum))
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        reading = self.dm.read()
+        used = reading.device_used_bytes
+        if used is None and reading.peak_reserved_bytes is not None:
+            used = reading.peak_reserved_bytes
+        return used
+
+    def attempt(self, mb: int, steps: int = 1) -> Candidate:
+        release_memory(self.device)
+        try:
+            self.dm.reset_peaks()
+            used = None
+            for _ in range(steps):
+                used = self.step(mb)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            self.wl.optimizer.zero_grad(set_to_none=True)
+            c = Candidate(mb, False, None, f"does not fit: {oom_text(exc)}")
+        else:
+            if used is not None and used > self.usable:
+                c = Candidate(mb, False, used, f"used {used} bytes, more than the {self.usable} usable with headroom")
+            else:
+                c = Candidate(mb, True, used, "completed a full step within the headroom")
+        finally:
+            release_memory(self.device)
+        self.tried[mb] = c
+        self._learn()
+        return c
+
+    def _learn(self) -> None:
+        """Once two micro-batches are measured, their difference replaces the estimate's slope."""
+        measured = sorted((mb, c.device_used_bytes) for mb, c in self.tried.items() if c.device_used_bytes)
+        if len(measured) >= 2:
+            (b0, u0), (b1, u1) = measured[0], measured[-1]
+            if b1 > b0 and u1 > u0:
+                self.slope, self.slope_source = max(1, (u1 - u0) // (b1 - b0)), "measured"
+
+    def predicted_max(self, ceiling: int) -> int:
+        """The largest micro-batch the memory measured at micro-batch 1 plus the slope says fits."""
+        base = self.tried[1].device_used_bytes if 1 in self.tried else None
+        if base is None:
+            return 1
+        return max(1, min(ceiling, 1 + (self.usable - base) // self.slope))
+
+    def close(self) -> None:
+        self.wl = None
+        release_memory(self.device)
+
+
 def find_max_batch(config: Any, device: Any, limit_bytes: int, limit_source: str, headroom: float,
                    max_batch: int = 1024, progress: Callable[[str], None] | None = None,
                    memory: Any = None) -> dict[str, Any]:
-    """The largest micro-batch that completes full steps with ``headroom`` of ``limit_bytes``
-    free: doubling from 1, then bisection between the last success and the first failure."""
+    """The largest micro-batch that completes a full training step with ``headroom`` of
+    ``limit_bytes`` free, searched on one workload built once.
+
+    Micro-batch 1 runs two steps (the first creates the optimizer state, the second is the
+    steady-state peak); every other candidate runs one step, with a batch of that many copies of a
+    real sequence (the content does not change the memory a step needs). The search starts where
+    the memory measured at 1, plus what the memory estimate says each further sequence costs,
+    reaches the limit, and never tries beyond ``max_batch``. From there, interpolation on the
+    measured figures (bisection where it stalls) closes the gap to one: the largest micro-batch
+    that fits and the next, which does not. A candidate is only tried where the figures so far say
+    it is at or just past the limit, so the search's own memory stays near the limit it searches
+    under. ``capped`` is true when ``max_batch`` itself fits: the real limit is higher.
+    """
     usable = int(limit_bytes * (1 - headroom))
     fraction_set = False
     if device.type == "cuda":
@@ -254,49 +357,82 @@ def find_max_batch(config: Any, device: Any, limit_bytes: int, limit_source: str
         if limit_bytes < total:  # emulate a smaller card: the allocator fails at the limit
             torch.cuda.set_per_process_memory_fraction(limit_bytes / total, device)
             fraction_set = True
-    tried: dict[int, Candidate] = {}
+    search: _Search | None = None
+    start = None
 
-    def attempt(mb: int) -> bool:
-        c = try_micro_batch(config, device, mb, usable, memory=memory)
-        tried[mb] = c
+    def report(c: Candidate) -> None:
         if progress:
-            progress(f"micro-batch {mb}: {'fits' if c.fits else 'does not fit'}"
+            progress(f"micro-batch {c.micro_batch}: {'fits' if c.fits else 'does not fit'}"
                      + (f" ({c.device_used_bytes / 2**20:.0f} MiB)" if c.device_used_bytes else ""))
-        return c.fits
 
+    good, bad = 0, None
     try:
-        good, bad, mb = 0, None, 1
-        while mb <= max_batch:
-            if attempt(mb):
-                good, mb = mb, mb * 2
+        try:
+            search = _Search(config, device, usable, memory)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            search = None
+        if search is not None:
+            first = search.attempt(1, steps=2)
+            report(first)
+            if first.fits:
+                good = 1
+                start = search.predicted_max(max_batch)
+                mb, gap = start, None
+                for _ in range(64):  # never reached: the gap at least halves every other round
+                    if mb <= good or (bad is not None and mb >= bad):
+                        break
+                    c = search.attempt(mb)
+                    report(c)
+                    if c.fits:
+                        good = mb
+                    else:
+                        bad = mb
+                    if bad is None:  # still growing
+                        if good >= max_batch:
+                            break
+                        guess = search.predicted_max(max_batch)
+                        mb = guess if guess > good else min(max_batch, good * 2)
+                        continue
+                    if bad - good <= 1:
+                        break
+                    guess = search.predicted_max(bad - 1)
+                    halving = gap is None or bad - good <= gap // 2
+                    mb = guess if halving and good < guess < bad else (good + bad) // 2
+                    gap = bad - good
             else:
-                bad = mb
-                break
-        if bad is None and good < max_batch:
-            if attempt(max_batch):
-                good = max_batch
-            else:
-                bad = max_batch
-        while bad is not None and bad - good > 1:
-            mid = (good + bad) // 2
-            if attempt(mid):
-                good = mid
-            else:
-                bad = mid
+                bad = 1
     finally:
+        if search is not None:
+            search.close()
         if fraction_set:
             import torch
 
             torch.cuda.set_per_process_memory_fraction(1.0, device)
+    tried = search.tried if search is not None else {}
     result: dict[str, Any] = {
         "limit_bytes": limit_bytes, "limit_source": limit_source, "headroom": headroom, "usable_bytes": usable,
-        "steps_per_candidate": 2, "grad_accum": config.batch.grad_accum, "max_micro_batch_searched": max_batch,
+        "steps_per_candidate": 1, "first_candidate_steps": 2, "grad_accum": config.batch.grad_accum,
+        "max_micro_batch_searched": max_batch,
         "candidates": [tried[k].to_manifest() for k in sorted(tried)],
     }
+    if start is not None:
+        result["start_micro_batch"] = start
+        result["start_basis"] = "memory measured at micro-batch 1 plus the memory estimate's cost per sequence"
+    if search is not None:
+        result["slope_bytes_per_sequence"] = search.slope
+        result["slope_source"] = search.slope_source
+    capped = good >= max_batch
     if good:
         result["max_micro_batch"] = good
+        result["headline"] = (f"capped at {max_batch}: the --max-batch bound fits, the real limit is higher"
+                              if capped else f"largest micro-batch {good} (micro-batch {good + 1} does not fit)")
     else:
         result["max_micro_batch_note"] = "not even a micro-batch of 1 fits"
-    if bad is None:
+        result["headline"] = "not even a micro-batch of 1 fits"
+    if capped:
         result["capped"] = True
+    if progress:
+        progress(f"max-batch search: {result['headline']}")
     return result
