@@ -22,6 +22,7 @@ from typing import Any
 from capture._escape import printable
 from capture.fmt import bytes_str, number_str
 from capture.results.summary import RunSummary, dig, summarize
+from capture.trial.report.checks import HIGH_CV
 from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy
@@ -69,8 +70,6 @@ FIGURES: tuple[tuple[str, str, str, bool | None], ...] = (
 NOISE_FIGURES = frozenset({"tokens_per_s", "step_time_median_s", "step_time_p90_s"})
 NOISE_RULE = ("a change in step time or tokens/s is significant only when |B - A| / A exceeds the sum of the two "
               "runs' step-time coefficients of variation (CV_A + CV_B); smaller changes are within noise")
-HIGH_CV = 0.05
-"""A run whose step-time CV is above this is called out as noisy."""
 
 
 def significant(a: float | None, b: float | None, cv_a: float | None, cv_b: float | None) -> bool | None:

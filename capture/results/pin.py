@@ -43,7 +43,9 @@ from capture.results import _publish
 from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
 from capture.verify.open import load_allowed, open_manifest
-from capture.results.summary import RunSummary, accelerator_slug, content_id, fmt_number, summarize
+from capture._safe_read import CONFIG_MAX_BYTES, read_regular
+from capture.fmt import number_str
+from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +136,7 @@ def _check_layout(root: Path) -> None:
     if not cfg.exists():
         return
     try:
-        layout = tomllib.loads(cfg.read_text(encoding="utf-8")).get("layout", LAYOUT_VERSION)
+        layout = tomllib.loads(read_regular(cfg, CONFIG_MAX_BYTES, UsageError, "results-repository setting").decode("utf-8")).get("layout", LAYOUT_VERSION)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{cfg}: cannot read ({str(exc).splitlines()[0]})", "fix or remove the file") from None
     if layout != LAYOUT_VERSION:
@@ -192,10 +194,10 @@ def commit_message(runs: Sequence[PinnedRun], subject: str | None = None) -> str
             f"torch {s.torch_version}" if s.torch_version else "",
             ", ".join(s.models)) if x)
         figs = ", ".join(x for x in (
-            f"{fmt_number(f.tokens_per_s)} tokens/s" if f.tokens_per_s is not None else "",
-            f"step median {fmt_number(f.step_time_median_s)} s" if f.step_time_median_s is not None else "",
+            f"{number_str(f.tokens_per_s)} tokens/s" if f.tokens_per_s is not None else "",
+            f"step median {number_str(f.step_time_median_s)} s" if f.step_time_median_s is not None else "",
             f"recovery {f.recovery_verdict}" if f.recovery_verdict else "",
-            f"cost {fmt_number(f.cost_per_million_tokens)} per M tokens"
+            f"cost {number_str(f.cost_per_million_tokens)} per M tokens"
             if f.cost_per_million_tokens is not None else "") if x)
         lines.append(f"- {r.path}: {s.accelerator}" + (f"; {stack}" if stack else "") + (f"; {figs}" if figs else "")
                      + (f"; signed by {s.signer}" if s.signer else ""))

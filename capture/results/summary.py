@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capture.fmt import bytes_str, number_str
 
 CONTENT_ID_HEX = 12
 
@@ -262,5 +261,3 @@ def _str(v: Any) -> str | None:
 
 
 # The one formatter (capture.fmt), under the names the index and pin used before.
-human_bytes = bytes_str
-fmt_number = number_str

@@ -25,7 +25,8 @@ from capture.signing.trailer import (
     verify_signed_bytes,
     write_signed,
 )
-from capture.signing.trust import AllowedSigner, AllowedSigners, find_allowed_signers, match_pattern_list
+from capture.signing.openssh import match_pattern_list
+from capture.signing.trust import AllowedSigner, AllowedSigners, find_allowed_signers
 
 __all__ = [
     "FORMAT", "HASH_ALG", "NAMESPACE", "AllowedSigner", "AllowedSigners", "SignatureInfo",

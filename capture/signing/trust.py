@@ -31,7 +31,7 @@ from pathlib import Path
 
 from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, read_regular
 from capture.errors import TrustError, UsageError
-from capture.paths import config_dir
+from capture.paths import personal_allowed_signers
 from capture.signing.openssh import (  # noqa: F401 - match_pattern, parse_absolute_time: public API
     _ED25519, _ParsedLine, _bytes, _key_of, _match_pattern_list, _parse_line, match_pattern,
     match_pattern_list, parse_absolute_time,
@@ -218,5 +218,5 @@ def find_allowed_signers(manifest_path: str | os.PathLike[str], explicit: str | 
             if candidate.is_file():
                 refuse_escaping_link(candidate, candidate_dir)
                 return candidate
-    home = config_dir() / "allowed_signers"
+    home = personal_allowed_signers()
     return home if home.is_file() else None

@@ -22,6 +22,7 @@ raises (exit 4). With ``False`` (show, compare, diff, export) the state is repor
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from capture._escape import printable
 from capture.errors import ManifestError, SignatureError, TrustError, UnsignedError
 from capture.signing.trailer import SignatureInfo, check_signature_bytes, check_trust
 from capture.signing.trust import AllowedSigners, find_allowed_signers
+
+log = logging.getLogger(__name__)
 
 STATES = ("ok", "unsigned", "invalid", "untrusted")
 """Signature states, in the report vocabulary (ok, drift, malformed, unsigned, invalid, untrusted, error)."""
@@ -109,7 +112,10 @@ class OpenedManifest:
 
 @functools.lru_cache(maxsize=64)
 def _load_allowed(path: str, mtime_ns: int, size: int) -> AllowedSigners:  # an edited file is re-read
-    return AllowedSigners.load(Path(path))
+    allowed = AllowedSigners.load(Path(path))
+    for why in allowed.skipped:  # once per file: OpenSSH skips these lines too, and so do we
+        log.warning("allowed signers: line skipped, as ssh-keygen skips it: %s", printable(why))
+    return allowed
 
 
 def load_allowed(path: str | os.PathLike[str]) -> AllowedSigners:
