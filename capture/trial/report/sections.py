@@ -325,8 +325,12 @@ def _fit_section(m: Mapping[str, Any]) -> Section:
     sec.rows = _generic_rows(fit, {"verdict", "skipped", "cards", "search"})
     search = fit.get("search")
     if isinstance(search, Mapping):
-        sec.rows.append(("largest micro-batch", fmt_value("", search.get("max_micro_batch", "?"))))
-        sec.rows += [(f"  {a}", b) for a, b in _generic_rows(search, {"max_micro_batch"})]
+        # the search's own headline says "capped at N" when it stopped at --max-batch, which a bare
+        # "largest micro-batch N" would misstate as a real limit
+        headline = search.get("headline")
+        sec.rows.append(("max-batch search", str(headline)) if headline else
+                        ("largest micro-batch", fmt_value("", search.get("max_micro_batch", "?"))))
+        sec.rows += [(f"  {a}", b) for a, b in _generic_rows(search, {"max_micro_batch", "headline"})]
     if not cards:
         return sec
     bases = {str(c.get("basis", "")) for c in cards}
