@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--micro-batch", type=int, metavar="N", help="micro-batch size")
     g = p.add_argument_group("stages")
     g.add_argument("--no-recovery", action="store_true", help="skip the checkpoint-restore check")
+    g.add_argument("--recovery-deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the restore check's reference and restores under deterministic kernels "
+                        "(default: [trial.recovery] deterministic, \"auto\": on for a GPU); the measured "
+                        "steps keep the run's own settings")
     g.add_argument("--no-report", action="store_true", help="no terminal summary and no HTML report")
     g.add_argument("--find-max-batch", action="store_true",
                    help="search the largest micro-batch that completes full steps with the headroom free")
@@ -100,7 +104,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
     with timer.phase("config"):
         config = load_example(args.example) if args.example else load_config(args.config)
         overrides = {"method": args.method, "device": args.device, "measured_steps": args.steps,
-                     "warmup_steps": args.warmup, "micro_batch_size": args.micro_batch}
+                     "warmup_steps": args.warmup, "micro_batch_size": args.micro_batch,
+                     "recovery_deterministic": args.recovery_deterministic}
         config = config.with_overrides(**overrides)
 
     if args.nproc:  # check the flags and the batch split before spending minutes on the trial

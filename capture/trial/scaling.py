@@ -442,11 +442,7 @@ def _collective_library(device_type: str) -> dict[str, Any]:
 
 
 def _topology_probe() -> dict[str, Any] | None:
-    try:
-        from capture.probes import topology  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    from capture.probes import ProbeOptions, as_table
+    from capture.probes import ProbeOptions, as_table, topology
 
     try:
         return as_table(topology.probe(ProbeOptions(progress=False)))

@@ -199,32 +199,17 @@ def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: st
     """
     rev = revision or "main"
     cmd = f"hf download {repo_id}{' --repo-type dataset' if repo_type == 'dataset' else ''} --revision {rev}"
-    try:
-        from capture.probes import ProbeOptions
-        from capture.probes.artifacts import hub_cache_dir, resolve_commit
-    except ImportError:
-        resolve_commit = None
-    if resolve_commit is not None:
-        from capture.errors import UsageError
+    from capture.errors import UsageError
+    from capture.probes import ProbeOptions
+    from capture.probes.artifacts import hub_cache_dir, resolve_commit
 
-        cache = hub_cache_dir(ProbeOptions())
-        try:
-            folder, commit = resolve_commit(cache, repo_type, repo_id, rev, f"{repo_id}@{rev}")
-        except UsageError as exc:
-            raise ConfigError(f"{key}: {exc.message}", f"download it first (`{cmd}`), or set --hf-cache; "
-                                                       "the trial itself runs offline") from None
-        return folder / "snapshots" / commit
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+    cache = hub_cache_dir(ProbeOptions())
     try:
-        path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True,
-                                 cache_dir=hf_cache_dir())
-    except (LocalEntryNotFoundError, HfHubHTTPError, FileNotFoundError, ValueError) as exc:
-        raise ConfigError(f"{key}: {repo_id}@{rev} is not in the local hub cache ({hf_cache_dir() or 'default'})",
-                          f"download it first (`{cmd}`), or set --hf-cache; the trial itself runs offline "
-                          f"[{type(exc).__name__}]") from None
-    return Path(path)
+        folder, commit = resolve_commit(cache, repo_type, repo_id, rev, f"{repo_id}@{rev}")
+    except UsageError as exc:
+        raise ConfigError(f"{key}: {exc.message}", f"download it first (`{cmd}`), or set --hf-cache; "
+                                                   "the trial itself runs offline") from None
+    return folder / "snapshots" / commit
 
 
 @dataclass
