@@ -160,9 +160,10 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         from capture.trial import devmem
         from capture.trial.memory import estimate, shape_of
         from capture.trial.recorder import Recorder, device_name
-        from capture.trial.workload import build_workload, resolve_device
+        from capture.trial.workload import build_workload, import_model_code, resolve_device
 
         _quiet_libraries()
+        import_model_code(config)  # transformers imports the model's module lazily: import time, not load time
         if config.method == "lora":
             import peft  # noqa: F401  (its import time belongs to this phase, not to loading)
         device = resolve_device(config.device)

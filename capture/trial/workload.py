@@ -289,6 +289,24 @@ def build_data(config: TrialConfig, vocab_size: int, model_path: Path | None) ->
 # --------------------------------------------------------------------------- model
 
 
+def import_model_code(config: TrialConfig) -> None:
+    """Import the transformers modules this model's class lives in. transformers imports them
+    lazily, on the first ``from_config``/``from_pretrained``: seconds of imports (the modeling
+    module pulls in its kernels, sharding and loading helpers) that would otherwise be timed
+    as loading a model of a few hundred thousand parameters."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = config.model
+    try:
+        if m.source == "from_config":
+            hf_config = AutoConfig.for_model(m.architecture, **m.config)
+        else:
+            return  # the folder is resolved (and checked) by the load itself
+        AutoModelForCausalLM._model_mapping[type(hf_config)]  # the lazy import happens here
+    except Exception:  # a bad config is reported, with its key, by the load
+        return
+
+
 def _build_model(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any], Path | None]:
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
