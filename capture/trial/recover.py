@@ -505,6 +505,8 @@ def _reference_table(ref: Reference, withhold: tuple[str, ...], leave_out: Seque
 
 def _restore_table(ref: Reference, result: Mapping[str, Any], withhold: tuple[str, ...], k: int) -> dict[str, Any]:
     out: dict[str, Any] = {"restore_load_s": result["restore_load_s"]}
+    if result.get("timings"):
+        out["restore_timings"] = {k: float(v) for k, v in result["timings"].items()}
     rows = []
     for c in COMPONENTS:
         if ref.applicability[c] is not None:

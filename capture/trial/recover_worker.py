@@ -64,23 +64,51 @@ def _continue(workload: Any, count: int, reference: list[float] | None) -> list[
     return losses
 
 
-def _restored(host: dict[str, Any], withhold: list[str], config: Any, device: Any, seed: int) -> tuple[Any, list[str]]:
+def _restored(host: dict[str, Any], withhold: list[str], config: Any, device: Any, seed: int,
+              timings: dict[str, float]) -> tuple[Any, list[str]]:
     from capture.trial import state
     from capture.trial.workload import build_workload
 
+    t0 = time.perf_counter()
     workload = build_workload(config, device)  # seeds everything from config.seed
+    t1 = time.perf_counter()
     missing = state.restore_state(workload, host, withhold, seed)
     state.sync(device)
+    timings["build_s"] = timings.get("build_s", 0.0) + t1 - t0
+    timings["restore_s"] = timings.get("restore_s", 0.0) + time.perf_counter() - t1
     return workload, missing
 
 
-def _finish(workload: Any, device: Any, count: int, reference: list[float] | None) -> dict[str, Any]:
+def _pinned(host: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The host copy in page-locked memory on CUDA (each restore then copies at full PCIe speed);
+    as it was when pinning fails (a host short of lockable memory)."""
     from capture.trial import state
 
+    if state.device_type(device) != "cuda":
+        return host
+    try:
+        return state.pin(host)
+    except RuntimeError:
+        return host
+
+
+def _finish(workload: Any, device: Any, count: int, reference: list[float] | None,
+            timings: dict[str, float]) -> dict[str, Any]:
+    """Continue and hash the final state; with ``reference`` (a deterministic step), a run whose
+    losses already differ stops there and skips the hashes (they cannot make it equal again)."""
+    from capture.trial import state
+
+    t0 = time.perf_counter()
     losses = _continue(workload, count, reference)
     state.sync(device)
-    return {"losses": losses, "param_hash": state.param_hash(workload.model),
-            "optimizer_hash": state.optimizer_hash(workload.optimizer)}
+    timings["steps_s"] = timings.get("steps_s", 0.0) + time.perf_counter() - t0
+    if reference is not None and losses != reference[:len(losses)]:
+        return {"losses": losses, "param_hash": "", "optimizer_hash": "", "hashes": "skipped: losses differ"}
+    t0 = time.perf_counter()
+    out = {"losses": losses, "param_hash": state.param_hash(workload.model),
+           "optimizer_hash": state.optimizer_hash(workload.optimizer)}
+    timings["final_hash_s"] = timings.get("final_hash_s", 0.0) + time.perf_counter() - t0
+    return out
 
 
 def run_restore(setup: dict[str, Any], job: dict[str, Any], config: Any, device: Any) -> dict[str, Any]:
@@ -88,28 +116,34 @@ def run_restore(setup: dict[str, Any], job: dict[str, Any], config: Any, device:
 
     k, n, seed = int(job["save_at_step"]), int(job["total_steps"]), int(setup["seed"])
     withhold = list(job.get("withhold", []))
+    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     host = checkpoint_io.load(Path(job["checkpoint"]), config.checkpoint.format)  # the one read of the file
     if int(host.get("step", -1)) != k:
         raise RuntimeError(f"checkpoint is from step {host.get('step')}, expected {k}")
-    workload, missing = _restored(host, withhold, config, device, seed)
+    timings["read_s"] = time.perf_counter() - t0
+    workload, missing = _restored(host, withhold, config, device, seed, timings)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     live = state.capture_state(workload, device, k)
     restored = state.component_hashes(live, job.get("applicable", state.COMPONENTS))
     del live
-    out: dict[str, Any] = {"restore_load_s": load_s, "state_check_s": time.perf_counter() - t0,
-                           "restored_hashes": restored, "missing": missing}
+    timings["state_check_s"] = time.perf_counter() - t0
+    out: dict[str, Any] = {"restore_load_s": load_s, "state_check_s": timings["state_check_s"],
+                           "restored_hashes": restored, "missing": missing, "timings": timings}
     saved = job.get("saved_hashes", {})
     if any(restored.get(c) != h for c, h in saved.items() if c in restored and c not in withhold):
         out["continuations"] = []  # an incomplete restore: no step is run
         return out
-    runs = [_finish(workload, device, n - k, None)]
+    runs = [_finish(workload, device, n - k, None, timings)]
     del workload
     state.release_memory(device)
+    t0 = time.perf_counter()
+    host = _pinned(host, device)
+    timings["pin_s"] = time.perf_counter() - t0
     for _ in range(2):  # the band: two continuations from the same state; a third when they differ
-        wl, _ = _restored(host, withhold, config, device, seed)
-        runs.append(_finish(wl, device, n - k, None))
+        wl, _ = _restored(host, withhold, config, device, seed, timings)
+        runs.append(_finish(wl, device, n - k, None, timings))
         del wl
         state.release_memory(device)
         if runs[-1] == runs[0]:
@@ -121,8 +155,8 @@ def run_restore(setup: dict[str, Any], job: dict[str, Any], config: Any, device:
         out["sensitivity"] = {}
     for c in job.get("sensitivity", []):
         try:
-            wl, _ = _restored(host, [c], config, device, seed)
-            out["sensitivity"][c] = _finish(wl, device, n - k, reference if deterministic else None)
+            wl, _ = _restored(host, [c], config, device, seed, timings)
+            out["sensitivity"][c] = _finish(wl, device, n - k, reference if deterministic else None, timings)
             del wl
         except Exception as exc:
             out["sensitivity"][c] = {"error": _reason(exc)}

@@ -187,7 +187,8 @@ def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[st
     part is restored as far as it goes, and the state check then names what differs.
     """
     withhold = set(withhold)
-    missing = [c for c in COMPONENTS if c not in state and c not in RNG_COMPONENTS]
+    applies = [c for c, why in applicability(workload, workload.device).items() if why is None]
+    missing = [c for c in applies if c not in state]
     if "model" not in withhold and "model" in state:
         workload.model.load_state_dict(state["model"])
     if "optimizer" not in withhold and "optimizer" in state:
@@ -201,7 +202,6 @@ def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[st
         workload.loader.load_state_dict(state["data_position"])
     # RNG last: loading the rest must not shift a stream after it was set.
     restore_rng(state, workload.device, withhold, seed)
-    missing += [c for c in RNG_COMPONENTS if c not in state]
     return missing
 
 
@@ -243,6 +243,21 @@ def to_host(value: Any) -> Any:
         return [to_host(v) for v in value]
     if isinstance(value, tuple):
         return tuple(to_host(v) for v in value)
+    return value
+
+
+def pin(value: Any) -> Any:
+    """:func:`to_host`'s layout with every CPU tensor in page-locked memory (CUDA hosts only)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.pin_memory() if value.device.type == "cpu" and value.numel() else value
+    if isinstance(value, Mapping):
+        return {k: pin(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [pin(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(pin(v) for v in value)
     return value
 
 
