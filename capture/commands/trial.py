@@ -108,10 +108,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
                      "recovery_deterministic": args.recovery_deterministic}
         config = config.with_overrides(**overrides)
 
-    if args.nproc:  # check the flags and the batch split before spending minutes on the trial
+    from capture.trial.scaling_args import ScalingOptions
+
+    scaling = ScalingOptions.from_args(args)
+    if scaling is not None:  # check the flags and the batch split before spending minutes on the trial
         from capture.trial.scaling import plan_scaling
 
-        plan_scaling(config, args)
+        plan_scaling(config, scaling)
 
     from capture.trial.runner import TrialOptions, run_trial
 
@@ -124,7 +127,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None, deep=args.deep,
         code=Path(args.code) if args.code else None,
         overrides={k: v for k, v in overrides.items() if v is not None},
-        scaling_args=args if args.nproc else None,
+        scaling=scaling,
     )
     outcome = run_trial(config, opts, timer)
     if outcome.terminal:

@@ -58,6 +58,7 @@ from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
 from capture.trial import state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
+from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ class TrialOptions:
     deep: bool = False
     code: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
-    scaling_args: Any = None
-    """The parsed ``--nproc``/``--strategy``/rendezvous flags; None: no scaling step."""
+    scaling: ScalingOptions | None = None
+    """The scaling step (``--nproc``/``--strategy``/rendezvous flags); None: no scaling step."""
 
 
 @dataclass(frozen=True)
@@ -291,13 +292,13 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 trial["recovery"] = _recovery(config, device, workdir)
             _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
-        if opts.scaling_args is not None:
+        if opts.scaling is not None:
             # The user asked for --nproc: a failed launch is their error to see (exit 2), not a note.
             say("scaling: DDP/FSDP against the single-device baseline (torchrun)")
             with timer.phase("scaling"):
                 from capture.trial.scaling import run_scaling
 
-                manifest["scaling"] = run_scaling(config, opts.scaling_args, workdir)
+                manifest["scaling"] = run_scaling(config, opts.scaling, workdir)
 
         stats = trial.get("stats", {})
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
