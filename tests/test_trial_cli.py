@@ -134,6 +134,12 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
     # the fresh-process restore is bit-exact on CPU, and every field written is documented
     rec = t["recovery"]
     assert rec["verdict"] == "bit-exact" and rec["fresh_process"] is True
+    # per-component restored-state equality, checked in the fresh process before any step
+    assert [r["component"] for r in rec["restored_state"]] == rec["components_saved"]
+    assert all(r["equal"] for r in rec["restored_state"])
+    assert rec["restored_state_verdict"] == f"all {len(rec['components_saved'])} components equal to what was saved"
+    assert rec["deterministic"]["enabled"] is False  # auto: off on a CPU
+    assert c["format"] == "torch.save" and c["blocked_s"] == c["durable_s"] == c["duration_s"]
     assert {x["component"] for x in rec["sensitivity"] if x.get("depends")} >= {"model", "optimizer", "rng_torch_cpu",
                                                                                 "data_position"}
     from test_docs import undocumented

@@ -31,6 +31,8 @@ def test_minimal_config_gets_documented_defaults():
     assert c.name == "t" and c.method == "full" and c.optimizer.name == "adamw"
     assert c.batch.max_seq_len == 128 and c.batch.micro_batch_size == 8 and c.batch.grad_accum == 1
     assert c.recovery.save_at_step == 2 and c.recovery.total_steps == 4 and c.recovery.withhold == ()
+    assert c.recovery.deterministic is None  # "auto"
+    assert c.checkpoint.format == "torch.save" and c.checkpoint.copy_to is None
     assert c.source_text == BASE
     assert c.tokens_per_step == 128 * 8
 
@@ -80,6 +82,10 @@ BROKEN = [
     ("[trial.validation]\nevery_steps = 0\n", r"trial\.validation\.every_steps: must be >= 1, got 0"),
     ("[trial.checkpoint]\nenabled = \"yes\"\n", r"trial\.checkpoint\.enabled: must be a boolean, got a string"),
     ("[trial.recovery]\nsave_at_step = 4\ntotal_steps = 4\n", r"trial\.recovery\.total_steps: must be > save_at_step \(4\), got 4"),
+    ("[trial.checkpoint]\nformat = \"safetensor\"\n", r"trial\.checkpoint\.format: must be one of torch\.save, safetensors, dcp, dcp-async, got 'safetensor' \(did you mean 'safetensors'\?\)"),
+    ("[trial.checkpoint]\ncopy_to = \"\"\n", r"trial\.checkpoint\.copy_to: must name a folder"),
+    ("[trial.recovery]\ndeterministic = \"yes\"\n", r"trial\.recovery\.deterministic: must be \"auto\", true or false, got 'yes'"),
+    ("[trial.recovery]\ndeterministic = 1\n", r"trial\.recovery\.deterministic: must be a boolean or a string, got an integer"),
     ("[trial.recovery]\nwithhold = [\"rng_cud\"]\n", r"trial\.recovery\.withhold: unknown component 'rng_cud' \(did you mean 'rng_cuda'\?\)"),
     ("[trial.scheduler]\nname = \"cosin\"\n", r"trial\.scheduler\.name: must be one of constant, linear, cosine, got 'cosin' \(did you mean 'cosine'\?\)"),
     ("[trial.scheduler]\nwarmup_steps = -1\n", r"trial\.scheduler\.warmup_steps: must be >= 0, got -1"),
@@ -151,3 +157,11 @@ def test_overrides_are_checked_like_the_file():
         c.with_overrides(micro_batch_size=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.seed = 3  # type: ignore[misc]
+
+
+def test_recovery_determinism_and_checkpoint_format_keys():
+    c = _cfg(BASE + '[trial.recovery]\ndeterministic = false\n[trial.checkpoint]\nformat = "dcp-async"\ncopy_to = "out"\n')
+    assert c.recovery.deterministic is False
+    assert (c.checkpoint.format, c.checkpoint.copy_to) == ("dcp-async", "out")
+    assert _cfg(BASE + '[trial.recovery]\ndeterministic = "auto"\n').recovery.deterministic is None
+    assert c.with_overrides(recovery_deterministic=True).recovery.deterministic is True

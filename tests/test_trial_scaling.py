@@ -30,10 +30,10 @@ from capture.trial.scaling import BatchPlan, derive_batch
 SECRET = "hunter2-scaling-secret"
 
 
-def _args(*argv: str) -> argparse.Namespace:
+def _args(*argv: str) -> scaling_args.ScalingOptions:
     p = argparse.ArgumentParser()
     scaling_args.add_arguments(p)
-    return p.parse_args(list(argv))
+    return scaling_args.ScalingOptions.from_args(p.parse_args(list(argv)))
 
 
 def _free_port() -> int:
@@ -212,7 +212,7 @@ def test_two_node_rendezvous_flags_pass_through(tmp_path: Path):
 ])
 def test_bad_rendezvous_flags_are_usage_errors(argv, match):
     with pytest.raises(UsageError, match=match):
-        scaling._check_args(_args(*argv))
+        _args(*argv)  # checked when the options are built
 
 
 @pytest.mark.parametrize("argv", [["--nproc", "0"], ["--nproc", "two"], ["--strategy", "zero"], ["--master-port", "70000"]])

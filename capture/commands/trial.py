@@ -49,6 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--preflight-full", action="store_true", help="run the longer --full preflight instead of --quick")
     g.add_argument("--ignore-preflight-failure", action="store_true",
                    help="go on with the trial when a preflight check fails (the failure stays in the manifest)")
+    g.add_argument("--recovery-deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the restore check's reference and restores under deterministic kernels "
+                        "(default: [trial.recovery] deterministic, \"auto\": on for a GPU); the measured "
+                        "steps keep the run's own settings")
     g.add_argument("--no-report", action="store_true", help="no terminal summary and no HTML report")
     g.add_argument("--find-max-batch", action="store_true",
                    help="search the largest micro-batch that completes full steps with the headroom free")
@@ -104,13 +108,17 @@ def cmd_trial(args: argparse.Namespace) -> int:
     with timer.phase("config"):
         config = load_example(args.example) if args.example else load_config(args.config)
         overrides = {"method": args.method, "device": args.device, "measured_steps": args.steps,
-                     "warmup_steps": args.warmup, "micro_batch_size": args.micro_batch}
+                     "warmup_steps": args.warmup, "micro_batch_size": args.micro_batch,
+                     "recovery_deterministic": args.recovery_deterministic}
         config = config.with_overrides(**overrides)
 
-    if args.nproc:  # check the flags and the batch split before spending minutes on the trial
+    from capture.trial.scaling_args import ScalingOptions
+
+    scaling = ScalingOptions.from_args(args)
+    if scaling is not None:  # check the flags and the batch split before spending minutes on the trial
         from capture.trial.scaling import plan_scaling
 
-        plan_scaling(config, args)
+        plan_scaling(config, scaling)
 
     from capture.trial.runner import TrialOptions, run_trial
 
@@ -123,7 +131,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None, deep=args.deep,
         code=Path(args.code) if args.code else None,
         overrides={k: v for k, v in overrides.items() if v is not None},
-        scaling_args=args if args.nproc else None,
+        scaling=scaling,
         preflight=None if args.no_preflight else ("full" if args.preflight_full else "quick"),
         ignore_preflight_failure=args.ignore_preflight_failure,
     )

@@ -20,8 +20,8 @@ Layout (see docs/trial.md for every key)::
     [trial.data]       source = "corpus" | "synthetic" | "local" | "hub"; tokenizer, path,
                        repo_id, revision, text_field, files, validation_fraction, synthetic_sequences
     [trial.validation] every_steps, batches
-    [trial.checkpoint] enabled, every_steps
-    [trial.recovery]   enabled, save_at_step, total_steps, withhold, sensitivity
+    [trial.checkpoint] enabled, every_steps, format, copy_to
+    [trial.recovery]   enabled, save_at_step, total_steps, withhold, sensitivity, deterministic
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("corpus", "synthetic", "local", "hub")
 TOKENIZERS = ("bytes", "model")
+CHECKPOINT_FORMATS = ("torch.save", "safetensors", "dcp", "dcp-async")
 RECOVERY_COMPONENTS = (
     "model", "optimizer", "scheduler", "scaler", "rng_python", "rng_numpy",
     "rng_torch_cpu", "rng_cuda", "data_position",
@@ -144,6 +145,11 @@ class CheckpointConfig:
     enabled: bool = True
     every_steps: int = 0
     """The schedule a real run would follow (0: only at the end); used to project cost."""
+    format: str = "torch.save"
+    """How the user's training writes checkpoints (capture.trial.checkpoint_io.FORMATS); the
+    recovery check writes and restores in the same format."""
+    copy_to: str | None = None
+    """A folder to copy the written checkpoint to, timed (off the machine: a mounted bucket, NFS)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,9 @@ class RecoveryConfig:
     """Components deliberately left out of the checkpoint (to show what breaks)."""
     sensitivity: bool = True
     """Also restore with each component left out in turn, to show which ones this run needs."""
+    deterministic: bool | None = None
+    """Run the recovery reference and restores under deterministic kernels. None ("auto"): on
+    for a GPU, off on a CPU (whose kernels are deterministic for a fixed thread count)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,8 @@ class TrialConfig:
 
     def with_overrides(self, **changes: Any) -> "TrialConfig":
         """Apply command-line overrides (``method``, ``device``, ``warmup_steps``,
-        ``measured_steps``, ``micro_batch_size``, ``recovery_enabled``), checked like the file."""
+        ``measured_steps``, ``micro_batch_size``, ``recovery_enabled``, ``recovery_deterministic``),
+        checked like the file."""
         cfg = self
         for key, value in changes.items():
             if value is None:
@@ -202,6 +212,8 @@ class TrialConfig:
                 cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch_size=value))
             elif key == "recovery_enabled":
                 cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, enabled=bool(value)))
+            elif key == "recovery_deterministic":
+                cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, deterministic=bool(value)))
             elif key == "method":
                 _check_choice(value, "--method", METHODS)
                 cfg = dataclasses.replace(cfg, method=value)
@@ -467,7 +479,11 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
     v.done()
 
     c = t.table("checkpoint")
-    checkpoint = CheckpointConfig(enabled=c.get("enabled", bool, True), every_steps=c.int("every_steps", 0, 0))
+    copy_to = c.get("copy_to", str, None)
+    if copy_to is not None and not copy_to.strip():
+        raise c.err("copy_to", "must name a folder, got an empty string")
+    checkpoint = CheckpointConfig(enabled=c.get("enabled", bool, True), every_steps=c.int("every_steps", 0, 0),
+                                  format=c.choice("format", CHECKPOINT_FORMATS, "torch.save"), copy_to=copy_to)
     c.done()
 
     r = t.table("recovery")
@@ -477,9 +493,13 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
             near = difflib.get_close_matches(w, RECOVERY_COMPONENTS, n=1)
             extra = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(RECOVERY_COMPONENTS)}"
             raise r.err("withhold", f"unknown component {w!r}{extra}")
+    deterministic = r.get("deterministic", (bool, str), "auto")
+    if isinstance(deterministic, str) and deterministic != "auto":
+        raise r.err("deterministic", f'must be "auto", true or false, got {deterministic!r}')
     recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1),
                               total_steps=r.int("total_steps", 4, 2), withhold=withhold,
-                              sensitivity=r.get("sensitivity", bool, True))
+                              sensitivity=r.get("sensitivity", bool, True),
+                              deterministic=None if deterministic == "auto" else deterministic)
     if recovery.total_steps <= recovery.save_at_step:
         raise r.err("total_steps", f"must be > save_at_step ({recovery.save_at_step}), got {recovery.total_steps}")
     r.done()

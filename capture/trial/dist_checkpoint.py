@@ -15,14 +15,15 @@ finished, so a crash leaves no folder that looks complete.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import time
 import types
 from pathlib import Path
 from typing import Any
 
-FORMAT = "capture-dist-1"
+from capture.trial import checkpoint_io, state
+
+FORMAT = "capture-dist-2"
 FORMATS = {
     "ddp": "rank 0: model + optimizer (torch.save, replicated); every rank: scheduler, scaler, RNG, data position",
     "fsdp": "torch.distributed.checkpoint (sharded model + optimizer); every rank: scheduler, scaler, RNG, data position",
@@ -33,36 +34,6 @@ def _dist() -> Any:
     import torch.distributed as dist
 
     return dist
-
-
-def rng_state(device: Any) -> dict[str, Any]:
-    """This process's RNG streams, as tensors and plain values (``torch.load(weights_only=True)`` reads them)."""
-    import numpy as np
-    import torch
-
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {"kind": str(np_state[0]), "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "torch_cpu": torch.get_rng_state(),
-    }
-    if getattr(device, "type", "cpu") == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: Any) -> None:
-    import numpy as np
-    import torch
-
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    s = state["numpy"]
-    np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"]))
-    torch.set_rng_state(state["torch_cpu"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def unwrap(model: Any) -> Any:
@@ -76,10 +47,6 @@ def _folder_bytes(path: Path) -> int:
 
 def save(strategy: str, workload: Any, directory: Path, step: int, device: Any) -> dict[str, Any]:
     """Write the checkpoint of every rank into ``directory`` (collective: every rank calls it)."""
-    import torch
-
-    from capture.trial.recover import save_checkpoint
-
     dist = _dist()
     rank, world = dist.get_rank(), dist.get_world_size()
     directory = Path(directory)
@@ -97,19 +64,18 @@ def save(strategy: str, workload: Any, directory: Path, step: int, device: Any) 
         model_sd, optim_sd = get_state_dict(workload.model, workload.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     elif rank == 0:
-        save_checkpoint({"model": unwrap(workload.model).state_dict(), "optimizer": workload.optimizer.state_dict()},
-                        tmp / "replicated.pt")
+        checkpoint_io.save({"model": unwrap(workload.model).state_dict(), "optimizer": workload.optimizer.state_dict()},
+                           tmp / "replicated.pt")
     own: dict[str, Any] = {
         "format": FORMAT, "strategy": strategy, "step": step, "world_size": world, "rank": rank,
-        "data_position": workload.loader.state_dict(), "rng": rng_state(device),
+        "data_position": workload.loader.state_dict(), "rng": state.capture_rng(device, own_device_only=True),
     }
     if workload.scheduler is not None:
         own["scheduler"] = workload.scheduler.state_dict()
     if workload.scaler is not None:
         own["scaler"] = workload.scaler.state_dict()
-    save_checkpoint(own, tmp / f"rank-{rank}.pt")
-    if getattr(device, "type", "cpu") == "cuda":
-        torch.cuda.synchronize(device)
+    checkpoint_io.save(own, tmp / f"rank-{rank}.pt")
+    state.sync(device)
     dist.barrier()
     write_s = time.perf_counter() - t0
     if rank == 0:
@@ -135,7 +101,7 @@ def load(strategy: str, workload: Any, directory: Path, device: Any) -> dict[str
                            "not shared between the nodes)")
     t0 = time.perf_counter()
     # On the CPU: RNG states must be CPU tensors (numpy reads them; cuda.set_rng_state takes a CPU ByteTensor).
-    own = torch.load(own_path, map_location="cpu", weights_only=True)
+    own = checkpoint_io.load(own_path)
     if own.get("format") != FORMAT or own.get("strategy") != strategy or int(own["world_size"]) != world:
         raise RuntimeError(f"checkpoint {own_path} is {own.get('strategy')} for {own.get('world_size')} ranks; "
                            f"this launch is {strategy} with {world}")
@@ -144,10 +110,10 @@ def load(strategy: str, workload: Any, directory: Path, device: Any) -> dict[str
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_sd, optim_sd = get_state_dict(workload.model, workload.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(directory / "dcp"))
-        set_state_dict(workload.model, workload.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        loaded = {"model": model_sd, "optim": optim_sd}
+        dcp.load(loaded, checkpoint_id=str(directory / "dcp"))
+        set_state_dict(workload.model, workload.optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optim"])
     else:
         shared = torch.load(directory / "replicated.pt", map_location=device, weights_only=True)
         unwrap(workload.model).load_state_dict(shared["model"])
@@ -158,17 +124,15 @@ def load(strategy: str, workload: Any, directory: Path, device: Any) -> dict[str
     if workload.scaler is not None and "scaler" in own:
         workload.scaler.load_state_dict(own["scaler"])
     workload.loader.load_state_dict(own["data_position"])
-    set_rng_state(own["rng"], device)  # last: loading the rest must not move a stream after it is set
-    if getattr(device, "type", "cpu") == "cuda":
-        torch.cuda.synchronize(device)
+    # last: loading the rest must not move a stream after it is set
+    state.restore_rng(own["rng"], device, own_device_only=True)
+    state.sync(device)
     return {"step": int(own["step"]), "restore_load_s": time.perf_counter() - t0}
 
 
 def full_param_hash(strategy: str, model: Any) -> str | None:
-    """sha256 over the full (unsharded) parameters, as :func:`capture.trial.recover.param_hash`
+    """sha256 over the full (unsharded) parameters, as :func:`capture.trial.state.param_hash`
     defines it; on rank 0, None elsewhere. Collective for FSDP: every rank must call it."""
-    from capture.trial.recover import param_hash
-
     dist = _dist()
     if strategy == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -176,7 +140,7 @@ def full_param_hash(strategy: str, model: Any) -> str | None:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() != 0:
             return None
-        return param_hash(types.SimpleNamespace(state_dict=lambda: full))
+        return state.param_hash(types.SimpleNamespace(state_dict=lambda: full))
     if dist.get_rank() != 0:
         return None
-    return param_hash(unwrap(model))
+    return state.param_hash(unwrap(model))

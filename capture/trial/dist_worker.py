@@ -12,10 +12,8 @@ a rank that fails writes ``OUT.rankR.error`` (one line) and exits 1, and torchru
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
-import gc
 import json
 import os
 import socket
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from capture._atomic import atomic_write
+from capture.trial import state
 from capture.trial.scaling import NO_COLLECTIVE, BatchPlan, is_collective, step_stats, union_seconds
 
 _T0 = time.perf_counter()
@@ -156,26 +155,6 @@ def build(strategy: str, config: Any, plan: BatchPlan, device: Any, rank: int, w
 # --------------------------------------------------------------------------- measuring
 
 
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
-def _release(device: Any) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
-    else:
-        try:  # give freed heap back to the OS, so the next phase's peak RSS starts from what is live
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
 def _memory(reading: Any, device: Any) -> dict[str, Any]:
     if device.type == "cuda":
         return {"peak_memory_bytes": reading.peak_allocated_bytes, "peak_allocated_bytes": reading.peak_allocated_bytes,
@@ -215,7 +194,7 @@ def _profile(built: Built, steps: int, device: Any) -> dict[str, Any]:
             t0 = time.perf_counter()
             for _ in range(steps):
                 built.workload.train_step_async(built.feed)
-            _sync(device)
+            state.sync(device)
             elapsed = time.perf_counter() - t0
         events = list(prof.events())
     except Exception as exc:  # e.g. CUPTI unavailable: the step is still measured, only this share is not
@@ -257,11 +236,11 @@ def measure_baseline(config: Any, device: Any, mem: Any, job: dict[str, Any]) ->
     """Single device, no process group involved: the baseline's own micro-batch and grad_accum."""
     built = build("baseline", config, BatchPlan.from_manifest(job["plan"]), device, 0, 1)
     _say(0, "baseline: built")
-    _release(device)
+    state.release_memory(device)
     mem.reset_peaks()
     for _ in range(config.warmup_steps):
         built.workload.train_step_async(built.feed)
-    _sync(device)
+    state.sync(device)
     built.feed.tokens = 0
     times, losses = _timed_steps(built, config.measured_steps, device)
     out = {"warmup_steps": config.warmup_steps, "measured_steps": config.measured_steps,
@@ -271,7 +250,7 @@ def measure_baseline(config: Any, device: Any, mem: Any, job: dict[str, Any]) ->
     out["final_loss"] = out["losses"][-1]
     out.update(_memory(mem.read(), device))
     del built
-    _release(device)
+    state.release_memory(device)
     return out
 
 
@@ -281,11 +260,11 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
 
     built = build(strategy, config, plan, device, rank, world)
     _say(rank, f"{strategy}: built")
-    _release(device)
+    state.release_memory(device)
     mem.reset_peaks()
     for _ in range(config.warmup_steps):
         built.workload.train_step_async(built.feed)
-    _sync(device)
+    state.sync(device)
     dist.barrier(group=coord)
     _say(rank, f"{strategy}: warmed up")
     built.feed.tokens = 0
@@ -306,7 +285,7 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
         info["replicas_in_sync"] = in_sync
         info["replicas_in_sync_basis"] = "per-parameter float64 sums equal on every rank after the profiled steps"
     del built
-    _release(device)
+    state.release_memory(device)
     if rank != 0:
         return None
     return dict(info, ranks=rows, measured_steps=config.measured_steps,
@@ -339,13 +318,13 @@ def reference_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job:
     k, n = int(job["recovery"]["save_at_step"]), int(job["recovery"]["total_steps"])
     built = build(strategy, config, plan, device, rank, world)
     losses = _steps_global(built, k, world)
-    _sync(device)
+    state.sync(device)
     saved = dist_checkpoint.save(strategy, built.workload, Path(job["checkpoint_dir"]) / strategy, k, device)
     losses += _steps_global(built, n - k, world)
-    _sync(device)
+    state.sync(device)
     digest = dist_checkpoint.full_param_hash(strategy, built.workload.model)
     del built
-    _release(device)
+    state.release_memory(device)
     return dict(saved, losses=losses, param_hash=digest)
 
 
@@ -359,10 +338,10 @@ def restore_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: d
     if loaded["step"] != k:
         raise RuntimeError(f"the {strategy} checkpoint is from step {loaded['step']}, expected {k}")
     losses = _steps_global(built, n - k, world)
-    _sync(device)
+    state.sync(device)
     digest = dist_checkpoint.full_param_hash(strategy, built.workload.model)
     del built
-    _release(device)
+    state.release_memory(device)
     return {"losses": losses, "param_hash": digest, "restore_load_s": loaded["restore_load_s"]}
 
 
@@ -516,7 +495,7 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
         from capture.trial.workload import build_workload
 
         build_workload(per_rank, device)
-        _release(device)
+        state.release_memory(device)
         dist.barrier(group=coord)
         _say(rank, "every rank built the workload once")
         binding = _gather(binding_row(rank, local_rank, device), rank, world, coord)

@@ -1,22 +1,27 @@
-"""The fresh process of the recoverability stage: ``python -m capture.trial.recover_worker``.
+"""The fresh processes of the recoverability stage: ``python -m capture.trial.recover_worker``.
 
 Started by :class:`capture.trial.recover.Worker`, it reads two JSON lines on stdin:
 
 1. the setup (``config``, ``device``, ``seed``, ``settings``, ``out``), sent at once, so that
-   the imports happen while the parent runs the uninterrupted reference;
-2. the job (``checkpoint``, ``save_at_step``, ``total_steps``, ``variants``, and optionally
-   ``reference_losses``, ``dump_params_path``, ``reference_param_hash``), sent once the
-   checkpoint exists.
+   the imports happen while the parent works;
+2. the job, ``kind`` one of:
 
-For each variant it builds the workload afresh, restores the checkpoint with that variant's
-components withheld (:func:`capture.trial.recover.restore_state`), continues to the last step
-and records losses and hashes. The result, ``{"variants": [...]}`` or ``{"error": "..."}``, goes
-to the ``out`` file. If stdin closes before a job arrives it exits quietly.
+   - ``reference`` (``checkpoint``, ``save_at_step``, ``total_steps``, ``leave_out``): the
+     uninterrupted run that writes the checkpoint (capture.trial.recover.run_reference), in a
+     process whose environment was set before CUDA started (deterministic mode);
+   - ``restore`` (``checkpoint``, ``save_at_step``, ``total_steps``, ``withhold``,
+     ``saved_hashes``, ``reference_losses``, ``sensitivity``): load the checkpoint once into host
+     memory; restore it into a freshly built workload and hash every component *before any
+     step*; stop there if a component differs from what was saved; else continue to the last
+     step, twice (three times when the two differ: the run-to-run band), then once per
+     sensitivity component with that component withheld, each from the host copy.
+
+The result, ``{"reference": ...}``, ``{"restored_hashes": ..., "continuations": [...], ...}`` or
+``{"error": "..."}``, goes to the ``out`` file. If stdin closes before a job arrives it exits quietly.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
@@ -48,66 +53,115 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _run_variant(job: dict[str, Any], variant: dict[str, Any], config: Any, device: Any, k: int, n: int,
-                 seed: int) -> dict[str, Any]:
-    from capture.trial import recover
+def _continue(workload: Any, count: int, reference: list[float] | None) -> list[float]:
+    """``count`` steps; with ``reference``, stop at the first loss that differs from it."""
+    losses: list[float] = []
+    for i in range(count):
+        loss = float(workload.train_step())
+        losses.append(loss)
+        if reference is not None and (i >= len(reference) or loss != reference[i]):
+            break
+    return losses
+
+
+def _restored(host: dict[str, Any], withhold: list[str], config: Any, device: Any, seed: int,
+              timings: dict[str, float]) -> tuple[Any, list[str]]:
+    from capture.trial import state
     from capture.trial.workload import build_workload
 
     t0 = time.perf_counter()
-    # Read from disk per variant: optimizer.load_state_dict may keep the loaded tensors, which
-    # the next steps then update in place, so a cached copy would not be the checkpoint.
-    state = recover.load_checkpoint(Path(job["checkpoint"]), device)
-    if int(state["step"]) != k:
-        raise RuntimeError(f"checkpoint is from step {state['step']}, expected {k}")
-    load_s = time.perf_counter() - t0
     workload = build_workload(config, device)  # seeds everything from config.seed
+    t1 = time.perf_counter()
+    missing = state.restore_state(workload, host, withhold, seed)
+    state.sync(device)
+    timings["build_s"] = timings.get("build_s", 0.0) + t1 - t0
+    timings["restore_s"] = timings.get("restore_s", 0.0) + time.perf_counter() - t1
+    return workload, missing
+
+
+def _pinned(host: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The host copy in page-locked memory on CUDA (each restore then copies at full PCIe speed);
+    as it was when pinning fails (a host short of lockable memory)."""
+    from capture.trial import state
+
+    if state.device_type(device) != "cuda":
+        return host
+    try:
+        return state.pin(host)
+    except RuntimeError:
+        return host
+
+
+def _finish(workload: Any, device: Any, count: int, reference: list[float] | None,
+            timings: dict[str, float]) -> dict[str, Any]:
+    """Continue and hash the final state; with ``reference`` (a deterministic step), a run whose
+    losses already differ stops there and skips the hashes (they cannot make it equal again)."""
+    from capture.trial import state
+
     t0 = time.perf_counter()
-    recover.restore_state(workload, state, variant["withhold"], seed)
-    recover._sync(device)
-    load_s += time.perf_counter() - t0
-    del state
-    stop_ref = job.get("reference_losses") if variant.get("stop_at_divergence") else None
-    losses = recover.train_steps(workload, n - k, stop_ref)
-    recover._sync(device)
-    p_hash = recover.param_hash(workload.model)
-    dumped = False
-    dump = job.get("dump_params_path")
-    if dump and variant.get("full") and p_hash != job.get("reference_param_hash"):
-        recover.save_checkpoint(recover.params_to_cpu(workload.model), Path(dump))
-        dumped = True
-    return {
-        "withhold": variant["withhold"],
-        "losses": losses,
-        "param_hash": p_hash,
-        "optimizer_hash": recover.optimizer_hash(workload.optimizer),
-        "restore_load_s": load_s,
-        "params_dumped": dumped,
-    }
+    losses = _continue(workload, count, reference)
+    state.sync(device)
+    timings["steps_s"] = timings.get("steps_s", 0.0) + time.perf_counter() - t0
+    if reference is not None and losses != reference[:len(losses)]:
+        return {"losses": losses, "param_hash": "", "optimizer_hash": "", "hashes": "skipped: losses differ"}
+    t0 = time.perf_counter()
+    out = {"losses": losses, "param_hash": state.param_hash(workload.model),
+           "optimizer_hash": state.optimizer_hash(workload.optimizer)}
+    timings["final_hash_s"] = timings.get("final_hash_s", 0.0) + time.perf_counter() - t0
+    return out
 
 
-def run_job(setup: dict[str, Any], job: dict[str, Any], config: Any) -> dict[str, Any]:
-    import torch
+def run_restore(setup: dict[str, Any], job: dict[str, Any], config: Any, device: Any) -> dict[str, Any]:
+    from capture.trial import checkpoint_io, state
 
-    device = torch.device(setup["device"])
-    k, n = int(job["save_at_step"]), int(job["total_steps"])
-    results: list[dict[str, Any]] = []
-    for i, variant in enumerate(job["variants"]):
+    k, n, seed = int(job["save_at_step"]), int(job["total_steps"]), int(setup["seed"])
+    withhold = list(job.get("withhold", []))
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    host = checkpoint_io.load(Path(job["checkpoint"]), config.checkpoint.format)  # the one read of the file
+    if int(host.get("step", -1)) != k:
+        raise RuntimeError(f"checkpoint is from step {host.get('step')}, expected {k}")
+    timings["read_s"] = time.perf_counter() - t0
+    workload, missing = _restored(host, withhold, config, device, seed, timings)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    live = state.capture_state(workload, device, k)
+    restored = state.component_hashes(live, job.get("applicable", state.COMPONENTS))
+    del live
+    timings["state_check_s"] = time.perf_counter() - t0
+    out: dict[str, Any] = {"restore_load_s": load_s, "state_check_s": timings["state_check_s"],
+                           "restored_hashes": restored, "missing": missing, "timings": timings}
+    saved = job.get("saved_hashes", {})
+    if any(restored.get(c) != h for c, h in saved.items() if c in restored and c not in withhold):
+        out["continuations"] = []  # an incomplete restore: no step is run
+        return out
+    runs = [_finish(workload, device, n - k, None, timings)]
+    del workload
+    state.release_memory(device)
+    t0 = time.perf_counter()
+    host = _pinned(host, device)
+    timings["pin_s"] = time.perf_counter() - t0
+    for _ in range(2):  # the band: two continuations from the same state; a third when they differ
+        wl, _ = _restored(host, withhold, config, device, seed, timings)
+        runs.append(_finish(wl, device, n - k, None, timings))
+        del wl
+        state.release_memory(device)
+        if runs[-1] == runs[0]:
+            break
+    out["continuations"] = runs
+    deterministic = all(r == runs[0] for r in runs)
+    reference = job.get("reference_losses")
+    if job.get("sensitivity"):
+        out["sensitivity"] = {}
+    for c in job.get("sensitivity", []):
         try:
-            result = _run_variant(job, variant, config, device, k, n, setup["seed"])
-            if variant.get("full") and result["param_hash"] != job.get("reference_param_hash"):
-                # Restore the same checkpoint once more: if the two restores differ from each
-                # other, the step itself is not deterministic, whatever the checkpoint holds.
-                again = _run_variant(job, dict(variant, full=False), config, device, k, n, setup["seed"])
-                result["repeat"] = {key: again[key] for key in ("losses", "param_hash", "optimizer_hash")}
-            results.append(result)
+            wl, _ = _restored(host, [c], config, device, seed, timings)
+            out["sensitivity"][c] = _finish(wl, device, n - k, reference if deterministic else None, timings)
+            del wl
         except Exception as exc:
-            if i == 0:  # the main restore: the whole stage failed
-                raise
-            results.append({"withhold": variant["withhold"], "error": _reason(exc)})
-        if device.type == "cuda":
-            gc.collect()
-            torch.cuda.empty_cache()
-    return {"variants": results}
+            out["sensitivity"][c] = {"error": _reason(exc)}
+        state.release_memory(device)
+    return out
 
 
 def main() -> int:
@@ -125,7 +179,15 @@ def main() -> int:
         job = _read_message()
         if job is None:
             return 0
-        result = run_job(setup, job, config)
+        import torch
+
+        device = torch.device(setup["device"])
+        if job.get("kind") == "reference":
+            ref = recover.run_reference(config, device, Path(job["checkpoint"]), int(job["save_at_step"]),
+                                        int(job["total_steps"]), job.get("leave_out", ()))
+            result: dict[str, Any] = {"reference": dict(ref.to_json(), fresh_process=True)}
+        else:
+            result = run_restore(setup, job, config, device)
     except Exception as exc:  # the parent records the reason in the manifest; a traceback helps no one there
         reason = _reason(exc)
         atomic_write(out, json.dumps({"error": reason}).encode())

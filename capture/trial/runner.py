@@ -44,7 +44,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -57,7 +56,10 @@ from typing import Any, Callable
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
-from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text, release_memory
+from capture.trial import state
+from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
+from capture.trial.scaling_args import ScalingOptions
+from capture.trial.state import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,8 @@ class TrialOptions:
     deep: bool = False
     code: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
-    scaling_args: Any = None
-    """The parsed ``--nproc``/``--strategy``/rendezvous flags; None: no scaling step."""
+    scaling: ScalingOptions | None = None
+    """The scaling step (``--nproc``/``--strategy``/rendezvous flags); None: no scaling step."""
 
 
 @dataclass(frozen=True)
@@ -105,33 +107,12 @@ def default_output(name: str, folder: Path | None = None) -> Path:
 
 def write_manifest(path: Path, manifest: dict[str, Any], key: Path | str | None, principal: str | None) -> Path:
     """Write ``manifest`` signed with ``key`` (default: the user's key, created on first use)."""
+    from capture import signing
+
     body = mf.dumps(manifest)
-    try:
-        from capture import signing
-    except ImportError:  # the signing module ships with capture; this only guards a broken install
-        mf.write(path, manifest)
-        sys.stderr.write("capture: signing unavailable; the manifest was written UNSIGNED\n")
-        return path
     key_path = Path(key) if key else signing.ensure_default_key()
     signing.write_signed(path, body, key_path, principal)
     return path
-
-
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
-def _fsync_save(obj: Any, path: Path) -> int:
-    import torch
-
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return path.stat().st_size
 
 
 def _artifact_specs(config: TrialConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -183,9 +164,10 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         from capture.trial import devmem
         from capture.trial.memory import estimate, shape_of
         from capture.trial.recorder import Recorder, device_name
-        from capture.trial.workload import build_workload, resolve_device
+        from capture.trial.workload import build_workload, import_model_code, resolve_device
 
         _quiet_libraries()
+        import_model_code(config)  # transformers imports the model's module lazily: import time, not load time
         if config.method == "lora":
             import peft  # noqa: F401  (its import time belongs to this phase, not to loading)
         device = resolve_device(config.device)
@@ -203,7 +185,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     with timer.phase("device_context"):
         if device.type == "cuda":
             torch.zeros(1, device=device)
-            _sync(device)
+            state.sync(device)
             overhead, overhead_src = dm.context_bytes(), "CUDA context: device memory gained when this process first used the device"
             if opts.memory_limit_bytes:
                 total = torch.cuda.get_device_properties(device).total_memory
@@ -317,14 +299,15 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             say("recoverability: checkpoint, restore in a fresh process, compare")
             with timer.phase("recovery"):
                 trial["recovery"] = _recovery(config, device, workdir)
+            _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
-        if opts.scaling_args is not None:
+        if opts.scaling is not None:
             # The user asked for --nproc: a failed launch is their error to see (exit 2), not a note.
             say("scaling: DDP/FSDP against the single-device baseline (torchrun)")
             with timer.phase("scaling"):
                 from capture.trial.scaling import run_scaling
 
-                manifest["scaling"] = run_scaling(config, opts.scaling_args, workdir)
+                manifest["scaling"] = run_scaling(config, opts.scaling, workdir)
 
         stats = trial.get("stats", {})
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
@@ -407,7 +390,7 @@ def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
     if wl.val_source is None:
         return {"skipped": "trial.data.validation_fraction = 0: no held-out data"}
     batches = config.validation.batches
-    _sync(device)
+    state.sync(device)
     t0 = time.perf_counter()
     try:
         loss = wl.evaluate(batches)
@@ -415,7 +398,7 @@ def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
         if not is_oom(exc):
             raise
         return {"skipped": f"validation did not fit: {oom_text(exc)}"}
-    _sync(device)
+    state.sync(device)
     dt = time.perf_counter() - t0
     tokens = batches * config.batch.micro_batch_size * config.batch.max_seq_len
     return {"duration_s": dt, "batches": batches, "tokens": tokens, "tokens_per_s": tokens / dt if dt else None,
@@ -423,21 +406,36 @@ def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
 
 
 def _checkpoint(wl: Any, config: TrialConfig, workdir: Path) -> dict[str, Any]:
-    if not config.checkpoint.enabled:
+    """One checkpoint written as the user's run writes it (``[trial.checkpoint] format``), timed:
+    how long training is blocked and how long until the bytes are durable; then the optional
+    timed copy to ``copy_to``."""
+    from capture.trial import checkpoint_io
+
+    c = config.checkpoint
+    if not c.enabled:
         return {"skipped": "trial.checkpoint.enabled = false"}
-    path = workdir / "checkpoint.pt"
-    state = {"model": wl.model.state_dict(), "optimizer": wl.optimizer.state_dict(),
-             "scheduler": wl.scheduler.state_dict(), "loader": wl.loader.state_dict()}
+    path = workdir / checkpoint_io.file_name(c.format)
+    saved = {"model": wl.model.state_dict(), "optimizer": wl.optimizer.state_dict(),
+             "scheduler": wl.scheduler.state_dict(), "data_position": wl.loader.state_dict()}
     if wl.scaler is not None:
-        state["scaler"] = wl.scaler.state_dict()
-    _sync(wl.device)
-    t0 = time.perf_counter()
-    size = _fsync_save(state, path)
-    dt = time.perf_counter() - t0
-    path.unlink()
-    return {"duration_s": dt, "size_bytes": size, "bytes_per_s": size / dt if dt else None, "fsync": True,
-            "contents": sorted(state), "format": "torch.save", "every_steps": config.checkpoint.every_steps,
-            "note": "written to the trial's work folder (beside the manifest) and removed; the time includes fsync"}
+        saved["scaler"] = wl.scaler.state_dict()
+    saved.update(state.capture_rng(wl.device))
+    state.sync(wl.device)
+    timing = checkpoint_io.save(saved, path, c.format, wl.device.type)
+    out: dict[str, Any] = {"duration_s": timing.durable_s, "size_bytes": timing.size_bytes,
+                           "bytes_per_s": timing.size_bytes / timing.durable_s if timing.durable_s else None,
+                           "blocked_s": timing.blocked_s, "durable_s": timing.durable_s, "fsync": True,
+                           "contents": sorted(saved), "format": c.format, "every_steps": c.every_steps,
+                           "note": "written to the trial's work folder (beside the manifest) and removed; "
+                                   "durable_s includes fsync; blocked_s is how long training waits"}
+    try:
+        if c.copy_to:
+            out["copy"] = checkpoint_io.copy_timed(path, config.resolve_path(c.copy_to))
+    except OSError as exc:
+        out["copy"] = {"destination": c.copy_to, "skipped": f"copy failed: {exc.strerror or exc}"}
+    finally:
+        checkpoint_io.remove(path)
+    return out
 
 
 def _limit(opts: TrialOptions, dm: Any) -> tuple[int, str]:
@@ -482,10 +480,8 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
 
 
 def _recovery(config: TrialConfig, device: Any, workdir: Path) -> dict[str, Any]:
-    try:
-        from capture.trial.recover import run_recoverability
-    except ImportError as exc:
-        return {"skipped": f"capture.trial.recover unavailable ({exc})"}
+    from capture.trial.recover import run_recoverability
+
     try:
         return run_recoverability(config, device, workdir)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
@@ -495,6 +491,18 @@ def _recovery(config: TrialConfig, device: Any, workdir: Path) -> dict[str, Any]
             raise
         log.debug("recoverability failed", exc_info=True)
         return {"skipped": f"recoverability check failed: {type(exc).__name__}: {exc}"}
+
+
+def _determinism_cost(recovery: dict[str, Any], stats: dict[str, Any]) -> None:
+    """Beside a deterministic recovery check: its step time against the run's own (the cost of determinism)."""
+    det, user = recovery.get("step_time_median_s"), stats.get("step_time_median_s")
+    if not (recovery.get("deterministic", {}).get("enabled") and isinstance(det, float) and isinstance(user, float)):
+        return
+    recovery["determinism_cost"] = {
+        "step_time_deterministic_median_s": det, "step_time_run_settings_median_s": user,
+        "ratio": det / user if user else None,
+        "basis": "median step of the deterministic recovery reference (few steps, each waited for) against the "
+                 "median measured step of the trial with the run's own settings ([trial.stats])"}
 
 
 def _projection(opts: TrialOptions, stats: dict[str, Any], trial: dict[str, Any], tokens_per_step: int,
@@ -519,22 +527,10 @@ def _projection(opts: TrialOptions, stats: dict[str, Any], trial: dict[str, Any]
 
 
 def _report(manifest: dict[str, Any], output: Path) -> tuple[Path | None, str, dict[str, Any]]:
-    try:
-        from capture.trial import report
-    except ImportError as exc:
-        return None, _fallback_summary(manifest), {"skipped": f"capture.trial.report unavailable ({exc})"}
+    from capture.trial import report
+
     html_path = output.with_suffix(".html")
     terminal = report.render_terminal(manifest)
     report.write_html(manifest, html_path)
     digest = hashlib.sha256(html_path.read_bytes()).hexdigest()
     return html_path, terminal, {"html": html_path.name, "html_sha256": digest}
-
-
-def _fallback_summary(manifest: dict[str, Any]) -> str:
-    t = manifest.get("trial", {})
-    s, f = t.get("stats", {}), t.get("fit", {})
-    lines = [f"trial {t.get('run', {}).get('name')}: {f.get('verdict', '')}"]
-    if "step_time_median_s" in s:
-        lines.append(f"step time median {s['step_time_median_s']:.4f} s, p90 {s['step_time_p90_s']:.4f} s, "
-                     f"CV {s['step_time_cv']:.3f}, {s.get('tokens_per_s') or 0:.0f} tokens/s")
-    return "\n".join(lines) + "\n"

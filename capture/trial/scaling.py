@@ -18,7 +18,6 @@ This module does not import torch at import time: the CLI parser and the worker 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -35,10 +34,10 @@ from typing import Any
 
 from capture._atomic import atomic_write
 from capture.errors import CaptureError, ConfigError, UsageError
+from capture.trial.scaling_args import STRATEGIES, ScalingOptions
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("ddp", "fsdp")
 WORKER_MODULE = "capture.trial.dist_worker"
 LAUNCHER = "torch.distributed.run"
 
@@ -303,47 +302,25 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- command line
 
 
-def strategies_from(arg: str | None) -> tuple[str, ...]:
-    if arg in (None, "both"):
-        return STRATEGIES
-    if arg not in STRATEGIES:
-        raise UsageError(f"--strategy: must be ddp, fsdp or both, got {arg!r}")
-    return (arg,)
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    nnodes = getattr(args, "nnodes", 1) or 1
-    if nnodes > 1 and not (getattr(args, "rdzv_endpoint", None) or getattr(args, "master_addr", None)):
-        raise UsageError(f"--nnodes {nnodes}: the nodes need a meeting point",
-                         "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID (or --master-addr/--master-port "
-                         "with --node-rank) and run the same command on every node; see docs/scaling.md")
-    if getattr(args, "node_rank", None) is not None and not 0 <= args.node_rank < nnodes:
-        raise UsageError(f"--node-rank: must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {args.node_rank}")
-    if getattr(args, "rdzv_endpoint", None) and getattr(args, "master_addr", None):
-        raise UsageError("--rdzv-endpoint and --master-addr both given",
-                         "use --rdzv-endpoint (dynamic rendezvous) or --master-addr/--master-port (static), not both")
-
-
-def launch_command(args: argparse.Namespace, job_path: Path, rdzv_suffix: str = "") -> list[str]:
+def launch_command(args: ScalingOptions, job_path: Path, rdzv_suffix: str = "") -> list[str]:
     """``python -m torch.distributed.run <rendezvous> -m capture.trial.dist_worker JOB``."""
-    nnodes = getattr(args, "nnodes", 1) or 1
+    nnodes = args.nnodes
     cmd = [sys.executable, "-m", LAUNCHER, "--nproc-per-node", str(args.nproc), "--max-restarts", "0"]
-    explicit = any(getattr(args, k, None) for k in ("rdzv_endpoint", "rdzv_backend", "master_addr", "master_port"))
-    if nnodes == 1 and not explicit:
+    if nnodes == 1 and not args.explicit_rendezvous:
         cmd.append("--standalone")  # c10d rendezvous on a free local port
     else:
         cmd += ["--nnodes", str(nnodes)]
-        if getattr(args, "node_rank", None) is not None:
+        if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
-        if getattr(args, "rdzv_backend", None):
+        if args.rdzv_backend:
             cmd += ["--rdzv-backend", args.rdzv_backend]
-        if getattr(args, "rdzv_endpoint", None):
+        if args.rdzv_endpoint:
             cmd += ["--rdzv-endpoint", args.rdzv_endpoint]
-        if getattr(args, "rdzv_id", None):
+        if args.rdzv_id:
             cmd += ["--rdzv-id", args.rdzv_id + rdzv_suffix]
-        if getattr(args, "master_addr", None):
+        if args.master_addr:
             cmd += ["--master-addr", args.master_addr]
-        if getattr(args, "master_port", None):
+        if args.master_port:
             cmd += ["--master-port", str(args.master_port)]
     return cmd + ["-m", WORKER_MODULE, str(job_path)]
 
@@ -442,11 +419,7 @@ def _collective_library(device_type: str) -> dict[str, Any]:
 
 
 def _topology_probe() -> dict[str, Any] | None:
-    try:
-        from capture.probes import topology  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    from capture.probes import ProbeOptions, as_table
+    from capture.probes import ProbeOptions, as_table, topology
 
     try:
         return as_table(topology.probe(ProbeOptions(progress=False)))
@@ -527,16 +500,12 @@ def _recovery_verdict(reference: Mapping[str, Any], resumed: Mapping[str, Any] |
     return out
 
 
-def plan_scaling(config: Any, args: argparse.Namespace) -> BatchPlan:
+def plan_scaling(config: Any, args: ScalingOptions) -> BatchPlan:
     """Check the scaling flags and the batch split without launching anything (call it before the
     single-device stages, so a bad ``--nproc`` fails in a second, not after them)."""
     from capture.trial.workload import resolve_device
 
-    if not getattr(args, "nproc", None):
-        raise UsageError("--nproc: the scaling step needs the number of processes per node")
-    _check_args(args)
-    strategies_from(getattr(args, "strategy", "both"))
-    world = args.nproc * (getattr(args, "nnodes", 1) or 1)
+    world = args.world_size
     if resolve_device(config.device).type == "cuda":
         import torch
 
@@ -546,7 +515,7 @@ def plan_scaling(config: Any, args: argparse.Namespace) -> BatchPlan:
     return derive_batch(config.batch.micro_batch_size, config.batch.grad_accum, world, config.batch.max_seq_len)
 
 
-def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLike[str],
+def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[str],
                 timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S) -> dict[str, Any]:
     """Run the scaling step and return the ``[scaling]`` table.
 
@@ -557,14 +526,14 @@ def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLik
     from capture.trial.workload import resolve_device
 
     plan = plan_scaling(config, args)
-    strategies = strategies_from(getattr(args, "strategy", "both"))
-    nnodes = getattr(args, "nnodes", 1) or 1
+    strategies = args.strategies
+    nnodes = args.nnodes
     world = plan.world_size
     device_type = resolve_device(config.device).type
     rec = config.recovery
-    recovery = bool(rec.enabled) and not getattr(args, "no_recovery", False)
+    recovery = bool(rec.enabled) and args.recovery
 
-    base = Path(args.dist_dir) if getattr(args, "dist_dir", None) else Path(workdir) / "scaling"
+    base = Path(args.dist_dir) if args.dist_dir else Path(workdir) / "scaling"
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -657,7 +626,7 @@ def run_scaling(config: Any, args: argparse.Namespace, workdir: str | os.PathLik
     table["elapsed_s"] = sum(r.get("launch_wall_s", 0.0) for r in results.values() if isinstance(r, Mapping))
     if measure.get("rank0_elsewhere"):
         table["note"] = "global rank 0 runs on another node: its manifest holds the measurements"
-    if not getattr(args, "dist_dir", None):
+    if not args.dist_dir:
         _cleanup(base)
     return table
 

@@ -1,9 +1,74 @@
-"""The scaling step's command-line flags, apart from :mod:`capture.trial.scaling` so that building
-the CLI's parser (every command does) does not import the launcher."""
+"""The scaling step's command-line flags and the validated :class:`ScalingOptions` they become,
+apart from :mod:`capture.trial.scaling` so that building the CLI's parser (every command does)
+does not import the launcher."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from capture.errors import UsageError
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class ScalingOptions:
+    """What the scaling step is asked to do; checked when built (a bad combination is a UsageError)."""
+
+    nproc: int
+    strategy: str = "both"
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    dist_dir: Path | None = None
+    recovery: bool = True
+    """False with --no-recovery: the restore launch is skipped too."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise UsageError(f"--nproc: must be >= 1, got {self.nproc}")
+        if self.strategy not in (*STRATEGIES, "both"):
+            raise UsageError(f"--strategy: must be ddp, fsdp or both, got {self.strategy!r}")
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if self.nnodes > 1 and not (self.rdzv_endpoint or self.master_addr):
+            raise UsageError(f"--nnodes {self.nnodes}: the nodes need a meeting point",
+                             "add --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID (or --master-addr/"
+                             "--master-port with --node-rank) and run the same command on every node; see docs/scaling.md")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank: must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
+        if self.rdzv_endpoint and self.master_addr:
+            raise UsageError("--rdzv-endpoint and --master-addr both given",
+                             "use --rdzv-endpoint (dynamic rendezvous) or --master-addr/--master-port (static), not both")
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return STRATEGIES if self.strategy == "both" else (self.strategy,)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    @property
+    def explicit_rendezvous(self) -> bool:
+        return bool(self.rdzv_endpoint or self.rdzv_backend or self.master_addr or self.master_port)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ScalingOptions | None:
+        """From the parsed flags of :func:`add_arguments`; None without ``--nproc`` (no scaling step)."""
+        if not args.nproc:
+            return None
+        return cls(nproc=args.nproc, strategy=args.strategy, nnodes=args.nnodes, node_rank=args.node_rank,
+                   rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                   master_addr=args.master_addr, master_port=args.master_port,
+                   dist_dir=Path(args.dist_dir) if args.dist_dir else None,
+                   recovery=not getattr(args, "no_recovery", False))
 
 
 def _positive_int(text: str) -> int:

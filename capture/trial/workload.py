@@ -199,32 +199,17 @@ def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: st
     """
     rev = revision or "main"
     cmd = f"hf download {repo_id}{' --repo-type dataset' if repo_type == 'dataset' else ''} --revision {rev}"
-    try:
-        from capture.probes import ProbeOptions
-        from capture.probes.artifacts import hub_cache_dir, resolve_commit
-    except ImportError:
-        resolve_commit = None
-    if resolve_commit is not None:
-        from capture.errors import UsageError
+    from capture.errors import UsageError
+    from capture.probes import ProbeOptions
+    from capture.probes.artifacts import hub_cache_dir, resolve_commit
 
-        cache = hub_cache_dir(ProbeOptions())
-        try:
-            folder, commit = resolve_commit(cache, repo_type, repo_id, rev, f"{repo_id}@{rev}")
-        except UsageError as exc:
-            raise ConfigError(f"{key}: {exc.message}", f"download it first (`{cmd}`), or set --hf-cache; "
-                                                       "the trial itself runs offline") from None
-        return folder / "snapshots" / commit
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+    cache = hub_cache_dir(ProbeOptions())
     try:
-        path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True,
-                                 cache_dir=hf_cache_dir())
-    except (LocalEntryNotFoundError, HfHubHTTPError, FileNotFoundError, ValueError) as exc:
-        raise ConfigError(f"{key}: {repo_id}@{rev} is not in the local hub cache ({hf_cache_dir() or 'default'})",
-                          f"download it first (`{cmd}`), or set --hf-cache; the trial itself runs offline "
-                          f"[{type(exc).__name__}]") from None
-    return Path(path)
+        folder, commit = resolve_commit(cache, repo_type, repo_id, rev, f"{repo_id}@{rev}")
+    except UsageError as exc:
+        raise ConfigError(f"{key}: {exc.message}", f"download it first (`{cmd}`), or set --hf-cache; "
+                                                   "the trial itself runs offline") from None
+    return folder / "snapshots" / commit
 
 
 @dataclass
@@ -302,6 +287,24 @@ def build_data(config: TrialConfig, vocab_size: int, model_path: Path | None) ->
 
 
 # --------------------------------------------------------------------------- model
+
+
+def import_model_code(config: TrialConfig) -> None:
+    """Import the transformers modules this model's class lives in. transformers imports them
+    lazily, on the first ``from_config``/``from_pretrained``: seconds of imports (the modeling
+    module pulls in its kernels, sharding and loading helpers) that would otherwise be timed
+    as loading a model of a few hundred thousand parameters."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = config.model
+    try:
+        if m.source == "from_config":
+            hf_config = AutoConfig.for_model(m.architecture, **m.config)
+        else:
+            return  # the folder is resolved (and checked) by the load itself
+        AutoModelForCausalLM._model_mapping[type(hf_config)]  # the lazy import happens here
+    except Exception:  # a bad config is reported, with its key, by the load
+        return
 
 
 def _build_model(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any], Path | None]:
