@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import hashlib
+import os
 import random
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ RNG_COMPONENTS = ("rng_python", "rng_numpy", "rng_torch_cpu", "rng_cuda")
 STATE_FORMAT = "capture-recovery-2"
 PERTURB_SEED_OFFSET = 1_000_003
 """A withheld RNG is re-seeded from ``seed + PERTURB_SEED_OFFSET``."""
-_HASH_THREADS = 8
+_HASH_THREADS = max(8, min(32, os.cpu_count() or 8))
 
 
 def device_type(device: Any) -> str:
@@ -274,6 +275,11 @@ def _digest(data: Any) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def _tensor_digest(t: Any) -> bytes:
+    # copy and hash in the worker: device-to-host copies overlap with other tensors' hashing
+    return _digest(_tensor_bytes(t))
+
+
 def value_hash(value: Any, pool: ThreadPoolExecutor | None = None) -> str:
     """sha256 over a nested value: containers by structure (mapping keys sorted by repr), a
     tensor by dtype, shape and the sha256 of its bytes (computed in threads: hashlib releases the
@@ -285,8 +291,7 @@ def value_hash(value: Any, pool: ThreadPoolExecutor | None = None) -> str:
     def walk(v: Any) -> None:
         if isinstance(v, torch.Tensor):
             parts.append(f"T{v.dtype}{tuple(v.shape)}\0".encode())
-            data = _tensor_bytes(v)
-            parts.append(pool.submit(_digest, data) if pool is not None else _digest(data))
+            parts.append(pool.submit(_tensor_digest, v) if pool is not None else _tensor_digest(v))
         elif isinstance(v, Mapping):
             parts.append(b"{")
             for k in sorted(v, key=repr):
