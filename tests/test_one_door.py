@@ -20,6 +20,7 @@ ALLOWED_TOML_LOADS = {
     "verify/policy.py": "policy files (not manifests)",
     "trial/config.py": "trial configs (not manifests)",
     "trial/fit.py": "the accelerator catalog (not manifests)",
+    "redact.py": "trial configs, to record them without comments (not manifests)",
     "preflight/catalog.py": "the preflight figures per SKU (not manifests)",
     "results/pin.py": ".capture/results.toml (layout setting, not a manifest)",
 }

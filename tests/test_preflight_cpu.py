@@ -235,3 +235,17 @@ def test_user_catalog_overrides_and_extends(tmp_path):
     assert sku is not None and sku.healthy["gemm_bf16"].pass_fraction == 0.5
     assert sku.healthy["copy_d2d"].pass_fraction == 0.75  # the shipped defaults fill the rest
     assert cat.match("NVIDIA H200").name == "H200 SXM 141GB"
+
+
+def test_buffers_that_cannot_be_allocated_warn_not_fail():
+    # an allocation refused under a memory limit says nothing about the card: warn, not measured
+    from capture.preflight import perf
+    from capture.preflight.stage import judge
+
+    oom = perf.Figure("memory_copy", None, "GB/s", error="RuntimeError: DefaultCPUAllocator: can't allocate memory")
+    check = judge(oom, 100.0, None, "memory bandwidth")
+    assert check.verdict == "warn" and "not measured" in check.reason
+    wrong = perf.Figure("memory_copy", None, "GB/s", error="the copy does not match its source", wrong=True)
+    assert judge(wrong, 100.0, None, "memory bandwidth").verdict == "fail"
+    broken = perf.Figure("gemm_fp32", None, "TFLOP/s", error="RuntimeError: CUDA error: an illegal memory access")
+    assert judge(broken, 1.0, None, "gemm").verdict == "fail"
