@@ -68,7 +68,7 @@ def locate(lock: locks.Lock, dest: Path) -> tuple[list[Path], list[str]]:
     found, missing = [], []
     for wheel in lock.wheels:
         match = next((f for f in by_key.get((wheel.name, Version(wheel.version)), [])
-                      if _sha256(f) == wheel.sha256), None)
+                      if _sha256(f) in wheel.hashes), None)
         if match is None:
             missing.append(f"{wheel.name}=={wheel.version}")
         else:
