@@ -348,14 +348,15 @@ def keep_stages(client: Any, tag: str, stages: Mapping[str, str]) -> dict[str, s
     from docker.errors import APIError, ImageNotFound
 
     repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    dangling = {i.id for i in client.images.list(filters={"dangling": True})}
     tagged = {}
     for name, short_id in stages.items():
         try:
             image = client.images.get(short_id)
         except ImageNotFound:
             continue
-        if image.tags:
-            continue
+        if image.id not in dangling:
+            continue  # a parent of the final image (or tagged already): not left behind
         name_tag = f"{version}-stage-{name}"
         try:
             old = client.images.get(f"{repo}:{name_tag}").id
