@@ -287,7 +287,8 @@ def _build_error(tag: str, reason: str) -> UsageError:
     text = reason.lower()
     if ("pull access denied" in text or "manifest unknown" in text or "no such host" in text
             or "dial tcp" in text or "failed to resolve" in text or "not found: manifest" in text
-            or ("error response from daemon" in text and "pull" in text)):
+            or "name resolution" in text or "i/o timeout" in text or "tls handshake timeout" in text
+            or "connection refused" in text or ("error response from daemon" in text and "pull" in text)):
         return UsageError(f"docker build of {tag} failed: the base image cannot be pulled ({_short(reason)})",
                           NO_REGISTRY_HINT)
     return UsageError(f"docker build of {tag} failed: {_short(reason)}", "the build log above shows the failing step")
