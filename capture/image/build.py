@@ -111,6 +111,23 @@ def resolve_base(client: Any, ref: str) -> tuple[str, str]:
     return name, image.id
 
 
+def _pull_default(client: Any, ref: str) -> None:
+    """Pull a default base that the Dockerfile pins by tag only (its digest is then read locally)."""
+    from docker.errors import APIError, ImageNotFound
+
+    try:
+        client.images.get(ref)
+        return
+    except ImageNotFound:
+        pass
+    sys.stderr.write(f"pulling {ref} (the Dockerfile pins its tag; the pulled digest is recorded)\n")
+    try:
+        client.images.pull(ref)
+    except APIError as exc:
+        raise UsageError(f"cannot pull the base image {ref}: {_short(exc.explanation or str(exc))}",
+                         "pull it where a registry is reachable and `docker load` it here, or pass --base-image REF") from None
+
+
 def git_identity(root: Path) -> tuple[str, str]:
     """(source URL with credentials removed, revision) of the checkout; ``unknown`` outside git."""
     from capture.probes.packages import strip_url_credentials
@@ -248,6 +265,8 @@ def build(flavour: str, *, base_image: str | None = None, tag: str | None = None
     if not split_ref(base_ref)[1]:
         # No digest to pin (a local base, or a default not yet pinned): the local image answers,
         # and the build runs on exactly that image.
+        if not base_image:
+            _pull_default(client, base_ref)
         base_name, base_digest = resolve_base(client, base_ref)
         if base_digest.startswith("sha256:") and not base_image:
             base_ref = f"{base_name}@{base_digest}"
