@@ -200,7 +200,8 @@ def test_the_rocm_dockerfile_builds_on_the_rocm_pytorch_stand_in_with_torch_from
     manifest = tomllib.loads((out / "fp.toml").read_text())
     assert manifest["container"]["image_id"] == result.image_id
     # The manifest records the base's torch, as found from inside.
-    assert manifest["python"]["packages"]["torch"].startswith("2.13.0+cpu")
+    assert manifest["python"]["packages"]["torch"]["version"] == "2.13.0+cpu"
+    assert manifest["framework"]["version"] == "2.13.0+cpu"
 
 
 @pytest.mark.slow
