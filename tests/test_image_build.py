@@ -144,7 +144,7 @@ def test_source_date_epoch_is_the_commit_time(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("reason", [
     "pull access denied for python, repository does not exist or may require 'docker login'",
-    'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io: no such host',
+    'Get "https://registry.example/v2/": dial tcp: lookup registry.example: no such host',
 ])
 def test_a_base_that_cannot_be_pulled_names_the_local_path(reason):
     err = build._build_error("capture-cpu:0.1.0", reason)

@@ -171,11 +171,13 @@ def test_gpus_without_a_gpu_runtime_is_one_line_exit_2(client, cpu_image, tmp_pa
 
 
 @pytest.mark.slow
-def test_the_cuda_dockerfile_builds_on_the_local_base_with_cpu_wheels(client, base, cpu_image, tmp_path):
-    result = build.build("cuda", base_image=BASE, lock_name="cpu", tag="capture-test-cuda:latest",
-                         wheel_dir=WHEELS, client=client)
+def test_the_cuda_dockerfile_builds_on_a_base_with_torch(client, base, tmp_path):
+    """As on NVIDIA's PyTorch container: torch from the base (the stand-in), the rest from the lock."""
+    build.build_standin_base(WHEELS, client=client, base=BASE)
+    result = build.build("cuda", base_image=build.STANDIN_TAG, lock_name="standin", tag="capture-test-cuda:latest",
+                         wheel_dir=ROOT / ".cache" / "wheelhouse" / "standin", client=client)
     labels = client.api.inspect_image(result.image_id)["Config"]["Labels"]
-    assert labels["io.capture.flavour"] == "cuda" and labels["io.capture.lock"] == "cpu"
+    assert labels["io.capture.flavour"] == "cuda" and labels["io.capture.lock"] == "standin"
     out = tmp_path / "out"
     assert main(["run", "--image", result.tag, "--out", str(out), "--no-code", "--",
                  "fingerprint", "-o", "/out/fp.toml"]) == 0

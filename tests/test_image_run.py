@@ -165,7 +165,7 @@ def test_refusals_happen_before_any_daemon_is_asked(tmp_path, capsys, monkeypatc
 class _Client:
     """The one call plan() makes of Docker: inspect the image."""
 
-    class api:  # noqa: N801 - mirrors docker.DockerClient.api
+    class api:
         @staticmethod
         def inspect_image(ref):
             return {"Id": IMAGE_ID, "Config": {"Labels": {"io.capture.flavour": "cpu"}}}

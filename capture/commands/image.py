@@ -135,7 +135,6 @@ def cmd_wheelhouse(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from capture.image import locks
-
     from capture.image.build import project_root
 
     index = (("--no-index",) if args.no_index else ()) + _pip_args(args)

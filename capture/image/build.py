@@ -26,9 +26,23 @@ from packaging.utils import canonicalize_name
 from capture import __version__
 from capture.errors import DockerUnavailable, UsageError
 from capture.image import (
-    DISTRIBUTION, FLAVOURS, LABEL_BASE_DIGEST, LABEL_BASE_NAME, LABEL_CREATED, LABEL_FLAVOUR, LABEL_LOCK,
-    LABEL_LOCK_SHA256, LABEL_REVISION, LABEL_SOURCE, LABEL_TITLE, LABEL_VERSION, REQUIRED_LABELS,
-    _short, docker_client, locks, wheelhouse,
+    DISTRIBUTION,
+    FLAVOURS,
+    LABEL_BASE_DIGEST,
+    LABEL_BASE_NAME,
+    LABEL_CREATED,
+    LABEL_FLAVOUR,
+    LABEL_LOCK,
+    LABEL_LOCK_SHA256,
+    LABEL_REVISION,
+    LABEL_SOURCE,
+    LABEL_TITLE,
+    LABEL_VERSION,
+    REQUIRED_LABELS,
+    _short,
+    docker_client,
+    locks,
+    wheelhouse,
 )
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")

@@ -30,7 +30,11 @@ from urllib.parse import unquote, urlsplit
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 
 from capture._atomic import atomic_write
 from capture.errors import UsageError

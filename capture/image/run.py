@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,6 @@ from typing import Any, Mapping, Sequence
 
 from capture._atomic import atomic_write
 from capture.errors import DockerUnavailable, UsageError
-import subprocess
-
 from capture.image import LABEL_FLAVOUR, _short, docker_client, mounts
 
 ENV_IMAGE_ID = "CAPTURE_IMAGE_ID"
