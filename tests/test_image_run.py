@@ -205,3 +205,12 @@ def test_code_in_a_linked_worktree_mounts_its_git_folders(tmp_path):
     code, extra = run.code_mounts(tmp_path / "wt")
     assert code == tmp_path / "wt" and extra == ((tmp_path / "main" / ".git"),)
     assert run.code_mounts(tmp_path / "main") == (tmp_path / "main", ())
+
+
+def test_code_is_read_only_so_it_may_live_inside_var_but_not_be_a_system_folder(capsys):
+    from capture.image import mounts
+
+    assert mounts.folder("--code", "/var/lib", must_exist=True, inside_system=True) == Path("/var/lib")
+    for folder, why in (("/etc", "--code /etc: refusing to mount a system folder (/etc)"), ("/", "root folder")):
+        assert main(["run", "--image", "x", "--code", folder, "--dry-run", "--", "fingerprint"]) == 2
+        assert why in capsys.readouterr().err

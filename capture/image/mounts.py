@@ -39,13 +39,15 @@ def _home() -> Path | None:
         return None
 
 
-def _refuse_host_folder(flag: str, given: Path | str, real: Path) -> None:
+def _refuse_host_folder(flag: str, given: Path | str, real: Path, inside_system: bool = False) -> None:
     shown = f"{flag} {given}" + ("" if str(given) == str(real) else f" (= {real})")
     if real == Path("/"):
         raise UsageError(f"{shown}: refusing to mount the host's root folder", "name a folder of your own, e.g. ./out")
     for folder in SYSTEM_FOLDERS:
         sysdir = resolved(folder)
-        if _inside(real, Path(folder)) or _inside(real, sysdir):
+        if inside_system and real in (Path(folder), sysdir):
+            raise UsageError(f"{shown}: refusing to mount a system folder ({folder})", "name the project's own folder")
+        if not inside_system and (_inside(real, Path(folder)) or _inside(real, sysdir)):
             raise UsageError(f"{shown}: refusing to mount a system folder ({folder})", "name a folder of your own, e.g. ./out")
     home = _home()
     if home is not None and home != Path("/") and _inside(home, real):
@@ -67,10 +69,14 @@ def _refuse_special(flag: str, given: Path | str, real: Path) -> os.stat_result 
     return st
 
 
-def folder(flag: str, given: Path | str, *, must_exist: bool) -> Path:
-    """A folder to bind: resolved, not the root/home/system, not special; may not exist yet unless ``must_exist``."""
+def folder(flag: str, given: Path | str, *, must_exist: bool, inside_system: bool = False) -> Path:
+    """A folder to bind: resolved, not the root/home/system, not special; may not exist yet unless ``must_exist``.
+
+    ``inside_system``: a folder inside a system folder is allowed (read-only code in
+    ``/var/lib/ci/workspace``, say), the system folder itself is not.
+    """
     real = resolved(given)
-    _refuse_host_folder(flag, given, real)
+    _refuse_host_folder(flag, given, real, inside_system)
     st = _refuse_special(flag, given, real)
     if st is None:
         if must_exist:

@@ -178,7 +178,7 @@ def resolve_image(client: Any, ref: str) -> tuple[str, dict[str, str]]:
 
 def code_mounts(code: Path | str) -> tuple[Path, tuple[Path, ...]]:
     """(the code folder, the git folders outside it that hold its git state), resolved and checked."""
-    real = mounts.folder("--code", code, must_exist=True)
+    real = mounts.folder("--code", code, must_exist=True, inside_system=True)
     extra: list[Path] = []
     try:
         out = subprocess.run(["git", "-C", str(real), "rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir"],
@@ -189,7 +189,7 @@ def code_mounts(code: Path | str) -> tuple[Path, tuple[Path, ...]]:
         for line in out.stdout.splitlines():
             g = mounts.resolved(line.strip())
             if line.strip() and not (g == real or real in g.parents) and g not in extra:
-                extra.append(mounts.folder("--code (its git folder)", g, must_exist=True))
+                extra.append(mounts.folder("--code (its git folder)", g, must_exist=True, inside_system=True))
     # Keep only the outermost folders (a worktree's git dir lies inside the common dir).
     outer = tuple(g for g in extra if not any(o != g and o in g.parents for o in extra))
     return real, outer
