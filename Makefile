@@ -23,6 +23,7 @@ trial: setup
 	mkdir -p out
 	$(BIN)/capture trial --example tiny -o out/trial-tiny.toml
 	$(BIN)/capture verify out/trial-tiny.toml
+	@echo "capture is installed in $(BIN)/: run it as $(BIN)/capture, or \`. $(BIN)/activate\` first"
 
 test: setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)

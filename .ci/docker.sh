@@ -6,7 +6,8 @@
 #
 # No image registry is reachable from CI, so `FROM nvidia/cuda...` cannot be pulled; the tests
 # build every Dockerfile on a Debian bookworm base made here with debootstrap (python3 3.11,
-# the same as the host, so the host-prepared wheelhouse fits it).
+# the same as the host, so the host-prepared wheelhouse fits it). This is also a new user's path
+# where no registry is reachable: `make base-local`, then `make trial-cpu LOCAL_BASE=1`.
 set -euo pipefail
 
 BASE_TAG="${CAPTURE_LOCAL_BASE:-capture-local/bookworm-python:base}"
@@ -43,10 +44,13 @@ if ! docker info >/dev/null 2>&1; then
   fi
 fi
 
-# (3) the stand-in base image
+# (3) the stand-in base image (python3 3.11 and git: the code probe reads the mounted checkout)
 if docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
-  say "base image $BASE_TAG present"
-  exit 0
+  if docker run --rm --network none "$BASE_TAG" git --version >/dev/null 2>&1; then
+    say "base image $BASE_TAG present"
+    exit 0
+  fi
+  say "base image $BASE_TAG has no git; rebuilding it"
 fi
 # The Debian mirror apt already uses on this machine (from its own configuration).
 mirror="$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 2>/dev/null \
@@ -63,7 +67,7 @@ fi
 root="$(mktemp -d /tmp/capture-base.XXXXXX)"
 trap '$SUDO rm -rf "$root"' EXIT
 say "debootstrap $SUITE from $mirror (about a minute)"
-$SUDO debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+$SUDO debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,git \
   "$SUITE" "$root" "$mirror" >/tmp/capture-debootstrap.log 2>&1 || {
   say "debootstrap failed; last lines of /tmp/capture-debootstrap.log:"
   tail -n 20 /tmp/capture-debootstrap.log >&2

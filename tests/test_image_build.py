@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -56,7 +57,9 @@ def test_check_labels_names_the_missing_or_wrong_label():
 
 def test_default_tag_names_a_stand_in_lock():
     assert build.default_tag("cuda", "cuda") == f"capture-cuda:{__version__}"
-    assert build.default_tag("cuda", "cpu") == f"capture-cuda:{__version__}-cpu-wheels"
+    assert build.default_tag("cuda", "cpu") == f"capture-cuda:{__version__}-cpu"
+    assert build.default_tag("rocm", "rocm") == f"capture-rocm:{__version__}"
+    assert build.default_tag("rocm", "standin") == f"capture-rocm:{__version__}-standin"
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -93,9 +96,11 @@ def test_stage_context_holds_exactly_what_the_dockerfile_copies(tmp_path, monkey
     assert (ctx / "Dockerfile").read_text() == (ROOT / "images/cpu/Dockerfile").read_text()
     assert (ctx / "locks/cpu.txt").read_bytes() == lock.path.read_bytes()
     assert (ctx / "wheels/cpu" / fake.name).read_bytes() == b"wheel bytes"
-    wheel = next((ctx / "dist").glob("capture-*.whl"))
+    wheel = next((ctx / "dist").glob("capture_stack-*.whl"))
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == sha
-    assert (ctx / "dist/capture.txt").read_text() == f"capture @ file:///build/dist/{wheel.name} --hash=sha256:{sha}\n"
+    assert (ctx / "dist/capture.txt").read_text() == f"capture-stack @ file:///build/dist/{wheel.name} --hash=sha256:{sha}\n"
+    # Every staged file is dated 1980-01-01 (the default epoch), not now.
+    assert {p.stat().st_mtime for p in ctx.rglob("*")} == {315532800}
     with zipfile.ZipFile(wheel) as z:
         assert "capture/image/locks/cpu.txt" in z.namelist()
     # The same source gives the same wheel bytes, so Docker's layer cache holds across builds.
@@ -117,3 +122,31 @@ def test_build_without_daemon_is_one_line(capsys, monkeypatch, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("error: no Docker daemon answers") and "hint: start it" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 2
+
+
+def test_source_date_epoch_is_the_commit_time(tmp_path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    env = {"GIT_COMMITTER_DATE": "2026-01-02T03:04:05Z", "GIT_AUTHOR_DATE": "2026-01-02T03:04:05Z"}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "x"],
+                   cwd=repo, check=True, env={**os.environ, **env})
+    assert build.source_date_epoch(repo) == 1767323045
+    assert build.rfc3339(1767323045) == "2026-01-02T03:04:05Z"
+    assert build.source_date_epoch(tmp_path / "not-git") == 315532800
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert build.source_date_epoch(repo) == 1700000000
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH='yesterday' is not a number"):
+        build.source_date_epoch(repo)
+
+
+@pytest.mark.parametrize("reason", [
+    "pull access denied for python, repository does not exist or may require 'docker login'",
+    'Get "https://registry.example/v2/": dial tcp: lookup registry.example: no such host',
+])
+def test_a_base_that_cannot_be_pulled_names_the_local_path(reason):
+    err = build._build_error("capture-cpu:0.1.0", reason)
+    assert "the base image cannot be pulled" in err.message
+    assert "make base-local" in err.hint and "LOCAL_BASE=1" in err.hint

@@ -59,6 +59,31 @@ def _leftovers(client, image_id: str) -> list:
     return client.containers.list(all=True, filters={"ancestor": image_id})
 
 
+def test_a_rebuild_of_the_same_commit_lock_and_base_gives_the_same_image_id(client, base, cpu_image):
+    """The created label is the commit time, not the clock: a no-op rebuild keeps every pin valid."""
+    before = {i.id for i in client.images.list(filters={"dangling": True})}
+    again = build.build("cpu", base_image=BASE, tag=TAG, wheel_dir=WHEELS, client=client)
+    assert again.image_id == cpu_image.image_id
+    epoch = build.source_date_epoch(ROOT)
+    assert again.labels["org.opencontainers.image.created"] == build.rfc3339(epoch)
+    # The install stage (the wheelhouse) is kept as the named layer cache, never left dangling.
+    stage = client.images.get(TAG + "-stage-install")
+    after = {i.id for i in client.images.list(filters={"dangling": True})}
+    assert after <= before and stage.id not in after
+
+
+def test_pip_check_passes_in_the_image(client, cpu_image):
+    out = client.containers.run(cpu_image.image_id, entrypoint=["/opt/capture/bin/python", "-m", "pip", "check"],
+                                command=[], network_mode="none", remove=True, stdout=True, stderr=True)
+    assert b"No broken requirements found." in out
+    versions = client.containers.run(
+        cpu_image.image_id, entrypoint=["/opt/capture/bin/python", "-c",
+                                        "import importlib.metadata as m; print(m.version('tomli'), m.version('capture-stack'))"],
+        command=[], network_mode="none", remove=True).decode().split()
+    assert versions[0] == locks.read_lock("cpu").versions()["tomli"] and versions[1] == cpu_image.labels[
+        "org.opencontainers.image.version"]
+
+
 def test_cpu_image_carries_every_label(client, base, cpu_image):
     attrs = client.api.inspect_image(TAG)
     labels = attrs["Config"]["Labels"]
@@ -75,7 +100,8 @@ def test_cpu_image_carries_every_label(client, base, cpu_image):
 
 def test_fingerprint_in_the_container_records_the_image_docker_reports(client, cpu_image, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["run", "--image", TAG, "--out", str(out), "--cache", str(tmp_path),
+    (tmp_path / "hub").mkdir()
+    assert main(["run", "--image", TAG, "--out", str(out), "--cache", str(tmp_path / "hub"), "--no-code",
                  "--", "fingerprint", "-o", "/out/fp.toml"]) == 0
     manifest = tomllib.loads((out / "fp.toml").read_text())
     container = manifest["container"]
@@ -145,17 +171,39 @@ def test_gpus_without_a_gpu_runtime_is_one_line_exit_2(client, cpu_image, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flavour", ["cuda", "rocm"])
-def test_gpu_dockerfiles_build_on_the_stand_in_base_with_cpu_wheels(client, base, cpu_image, flavour, tmp_path):
-    result = build.build(flavour, base_image=BASE, lock_name="cpu", tag=f"capture-test-{flavour}:latest",
-                         wheel_dir=WHEELS, client=client)
+def test_the_cuda_dockerfile_builds_on_a_base_with_torch(client, base, tmp_path):
+    """As on NVIDIA's PyTorch container: torch from the base (the stand-in), the rest from the lock."""
+    build.build_standin_base(WHEELS, client=client, base=BASE)
+    result = build.build("cuda", base_image=build.STANDIN_TAG, lock_name="standin", tag="capture-test-cuda:latest",
+                         wheel_dir=ROOT / ".cache" / "wheelhouse" / "standin", client=client)
     labels = client.api.inspect_image(result.image_id)["Config"]["Labels"]
-    assert labels["io.capture.flavour"] == flavour and labels["io.capture.lock"] == "cpu"
-    assert labels["org.opencontainers.image.title"] == f"capture ({flavour})"
+    assert labels["io.capture.flavour"] == "cuda" and labels["io.capture.lock"] == "standin"
     out = tmp_path / "out"
-    assert main(["run", "--image", result.tag, "--out", str(out), "--", "fingerprint", "-o", "/out/fp.toml"]) == 0
+    assert main(["run", "--image", result.tag, "--out", str(out), "--no-code", "--",
+                 "fingerprint", "-o", "/out/fp.toml"]) == 0
     container = tomllib.loads((out / "fp.toml").read_text())["container"]
-    assert container["image_id"] == result.image_id and container["labels"]["io.capture.flavour"] == flavour
+    assert container["image_id"] == result.image_id and container["labels"]["io.capture.flavour"] == "cuda"
+
+
+@pytest.mark.slow
+def test_the_rocm_dockerfile_builds_on_the_rocm_pytorch_stand_in_with_torch_from_the_base(client, base, tmp_path):
+    standin = build.build_standin_base(WHEELS, client=client, base=BASE)
+    result = build.build("rocm", base_image=build.STANDIN_TAG, lock_name="standin", tag="capture-test-rocm:latest",
+                         wheel_dir=ROOT / ".cache" / "wheelhouse" / "standin", client=client)
+    assert result.labels["org.opencontainers.image.base.digest"] == standin
+    assert result.labels["io.capture.lock"] == "standin" and "torch" not in locks.read_lock("standin").versions()
+    where = client.containers.run(result.image_id, entrypoint=["/opt/capture/bin/python", "-c",
+                                                               "import torch; print(torch.__version__, torch.__file__)"],
+                                  command=[], network_mode="none", remove=True).decode().split()
+    assert where[0] == "2.13.0+cpu" and where[1].startswith("/opt/venv/lib/")  # the base's torch
+    out = tmp_path / "out"
+    assert main(["run", "--image", result.tag, "--out", str(out), "--no-code", "--",
+                 "fingerprint", "-o", "/out/fp.toml"]) == 0
+    manifest = tomllib.loads((out / "fp.toml").read_text())
+    assert manifest["container"]["image_id"] == result.image_id
+    # The manifest records the base's torch, as found from inside.
+    assert manifest["python"]["packages"]["torch"]["version"] == "2.13.0+cpu"
+    assert manifest["framework"]["version"] == "2.13.0+cpu"
 
 
 @pytest.mark.slow
@@ -167,20 +215,39 @@ def test_save_exports_the_image_and_its_base(client, base, cpu_image, tmp_path, 
     assert [p.name for p in tmp_path.iterdir()] == ["capture-cpu.tar"]  # no temporary file left
 
 
+def _repo(path: Path) -> Path:
+    path.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=path, check=True)
+    (path / "train.py").write_text("print('hello')\n")
+    subprocess.run([*git, "add", "train.py"], cwd=path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], cwd=path, check=True)
+    (path / "train.py").write_text("print('hello, dirty')\n")  # uncommitted: dirty, and hashed as it is
+    return path
+
+
 @pytest.mark.slow
-def test_trial_in_the_image_verifies_there_and_drifts_on_the_host(client, cpu_image, tmp_path, capsys):
+def test_trial_in_the_image_records_the_real_code_verifies_there_and_drifts_on_the_host(client, cpu_image, tmp_path,
+                                                                                         capsys):
     key = tmp_path / "key"
     assert main(["keygen", "-o", str(key), "-C", "ci@capture"]) == 0
     signers = tmp_path / "allowed_signers"
     pub = " ".join(Path(f"{key}.pub").read_text().split()[:2])
     signers.write_text(f'ci@capture namespaces="capture-manifest" {pub}\n')
+    code = _repo(tmp_path / "code")
     out = tmp_path / "out"
-    flags = ["run", "--image", TAG, "--out", str(out), "--key", str(key), "--allowed-signers", str(signers)]
-    # --code /work: the image's empty working folder, hashed at trial time and again by verify.
-    # (Without it the trial records [code] as skipped, and verify hashes the plain folder anyway.)
-    assert main([*flags, "--", "trial", "--example", "tiny", "--code", "/work", "-o", "/out/trial.toml"]) == 0
+    flags = ["run", "--image", TAG, "--out", str(out), "--key", str(key), "--allowed-signers", str(signers),
+             "--code", str(code)]
+    assert main([*flags, "--", "trial", "--example", "tiny", "-o", "/out/trial.toml"]) == 0
     manifest = tomllib.loads((out / "trial.toml").read_text())
     assert manifest["container"]["image_id"] == cpu_image.image_id
+    # The code inside is the code outside: the same fingerprint, git state included.
+    assert main(["fingerprint", "--code", str(code), "-o", str(tmp_path / "host.toml")]) == 0
+    host = tomllib.loads((tmp_path / "host.toml").read_text())["code"]
+    inside = manifest["code"]
+    assert inside["source"] == "git" and inside["dirty"] is True and inside["file_count"] == 1
+    for field in ("path", "source", "tree_hash", "file_count", "commit", "branch", "dirty"):
+        assert inside.get(field) == host.get(field), field
     capsys.readouterr()
     # Inside the image that produced it, the live stack matches.
     assert main([*flags, "--", "verify", "/out/trial.toml"]) == 0, capsys.readouterr().err

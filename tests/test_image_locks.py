@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -21,51 +22,76 @@ GOOD = "a==1.0 --hash=sha256:" + "0" * 64
 
 # --------------------------------------------------------------------------- committed locks
 
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-@pytest.mark.parametrize("name", ["cpu", "cuda", "rocm"])
-def test_committed_lock_pins_every_input_requirement(name):
+
+@pytest.mark.parametrize("name", sorted(locks.LOCKS))
+def test_every_runtime_dependency_of_the_package_is_in_each_lock(name):
+    """pyproject.toml is the one source: each runtime dependency, and each requirement of the
+    lock's extras (torch excepted where the base provides it), is locked at a version it allows."""
+    spec = locks.flavour(name)
     lock = locks.read_lock(name)
-    versions = {w.name: w.version for w in lock.wheels}
-    missing = {canonicalize_name(Requirement(m.split(" ", 1)[0]).name) for m in lock.missing}
-    for req, version in locks.input_pins(name).items():
-        if req in missing:
+    versions = lock.versions()
+    required = locks.requirements_for(spec, PROJECT)
+    runtime = {canonicalize_name(Requirement(r).name) for r in PROJECT["project"]["dependencies"]}
+    assert runtime <= {canonicalize_name(r.name) for r in required}
+    for req in required:
+        key = canonicalize_name(req.name)
+        if key == "torch" and (spec.base_provides_torch or any(m.startswith(spec.torch or "-") for m in lock.missing)):
+            assert key not in versions, f"{name}.txt locks torch, which comes from elsewhere"
             continue
-        assert versions.get(req) == version, f"{name}.txt: {req} is {versions.get(req)}, {name}.in pins {version}"
+        assert key in versions, f"{name}.txt lacks {key}, which pyproject.toml requires: run `capture image lock {name}`"
+        assert req.specifier.contains(versions[key], prereleases=True), f"{name}.txt: {key}=={versions[key]} violates {req}"
+
+
+@pytest.mark.parametrize("name", sorted(locks.LOCKS))
+def test_each_lock_is_generated_from_the_current_pyproject(name):
+    spec = locks.flavour(name)
+    lock = locks.read_lock(name)
+    assert lock.source_sha256 == locks.source_digest(spec, PROJECT), (
+        f"{name}.txt is stale against pyproject.toml: run `capture image lock {name}`")
     header = lock.path.read_text().splitlines()
-    fl = locks.flavour(name)
-    assert f"python {fl.python_version} ({fl.abi})" in header[1]
-    input_sha = hashlib.sha256(locks.input_path(name).read_bytes()).hexdigest()
-    assert header[2] == f"# input: {name}.in sha256:{input_sha}", "the lock is stale: run `capture image lock`"
+    assert f"python {spec.python_version} ({spec.abi})" in header[1]
 
 
-def test_cpu_and_cuda_locks_are_complete_and_match_their_torch_builds():
-    cpu, cuda = locks.read_lock("cpu"), locks.read_lock("cuda")
-    assert cpu.complete and cuda.complete
-    assert {w.name: w.version for w in cpu.wheels}["torch"] == "2.13.0+cpu"
-    by_name = {w.name: w.version for w in cuda.wheels}
-    assert by_name["torch"] == "2.13.0"
+def test_a_dependency_missing_from_a_lock_fails_the_check(tmp_path):
+    """The check above is real: the CPU lock with tomli removed (the bug it was made for)."""
+    text = locks.lock_path("cpu").read_text()
+    cut = "\n".join(ln for ln in text.splitlines() if not ln.startswith("tomli=="))
+    lock = locks.parse_lock(cut.encode(), tmp_path / "cpu.txt", "cpu")
+    required = {canonicalize_name(r.name) for r in locks.requirements_for(locks.flavour("cpu"), PROJECT)}
+    assert "tomli" in required and "tomli" not in lock.versions()
+
+
+def test_torch_builds_per_lock():
+    assert locks.read_lock("cpu").versions()["torch"] == "2.13.0+cpu"
+    cuda = locks.read_lock("cuda").versions()
+    assert cuda["torch"] == "2.13.0"
     # PyPI's Linux torch 2.13.0 is the CUDA 13.0 build: its CUDA 13 libraries are locked with it.
-    assert by_name["cuda-toolkit"].startswith("13.0.3")
-    assert "nvidia-cudnn-cu13" in by_name and "nvidia-nccl-cu13" in by_name
-    assert not any(n.endswith("-cu12") for n in by_name)
+    assert cuda["cuda-toolkit"].startswith("13.0.3")
+    assert "nvidia-cudnn-cu13" in cuda and "nvidia-nccl-cu13" in cuda and not any(n.endswith("-cu12") for n in cuda)
+    for name in ("rocm", "standin"):
+        lock = locks.read_lock(name)
+        names = set(lock.versions())
+        # torch comes with the base: neither torch nor anything only torch needs is locked.
+        assert lock.complete and "torch" not in names and "sympy" not in names and "networkx" not in names
+        assert not any(n.startswith(("nvidia-", "cuda-", "triton")) for n in names)
+        assert "amdsmi" in names
 
 
-def test_rocm_lock_says_what_is_missing_and_refuses_to_build():
-    lock = locks.read_lock("rocm")
-    assert not lock.complete
-    assert lock.missing[0].startswith("torch==2.13.0+rocm7.2 ")
-    names = {w.name for w in lock.wheels}
-    # PyPI's torch (the CUDA build) must not sneak in through peft's dependency on torch.
-    assert "torch" not in names and not any(n.startswith(("nvidia-", "cuda-", "triton")) for n in names)
-    with pytest.raises(UsageError, match="rocm.txt is incomplete: torch==2.13.0\\+rocm7.2") as exc:
+def test_the_wheel_route_says_what_is_missing_and_refuses_to_build():
+    lock = locks.read_lock("rocm-wheels")
+    assert not lock.complete and lock.missing[0].startswith("torch==2.13.0+rocm7.2 ")
+    with pytest.raises(UsageError, match="rocm-wheels.txt is incomplete: torch==2.13.0\\+rocm7.2") as exc:
         lock.require_complete()
-    assert "--extra-index-url" in exc.value.hint and "--lock cpu" in exc.value.hint
+    assert "--extra-index-url" in exc.value.hint and "rocm/pytorch" in exc.value.hint
 
 
 def test_cli_wheelhouse_of_incomplete_lock_is_one_line_exit_2(capsys, tmp_path):
-    assert main(["image", "wheelhouse", "rocm", "--dest", str(tmp_path / "w")]) == 2
+    assert main(["image", "wheelhouse", "rocm-wheels", "--dest", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: rocm.txt is incomplete") and "Traceback" not in err
+    assert err.startswith("error: rocm-wheels.txt is incomplete") and "Traceback" not in err
     assert not (tmp_path / "w").exists()
 
 
@@ -75,7 +101,9 @@ def test_platform_tags_cover_older_manylinux():
     plats = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
     assert plats[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in plats and "manylinux2014_x86_64" in plats
     assert ["--abi", "cp311"] == args[args.index("--abi"):args.index("--abi") + 2] and "abi3" in args
-    with pytest.raises(UsageError, match="unknown image flavour 'tpu'"):
+    tags = {str(t) for t in fl.tags()}
+    assert "cp311-cp311-manylinux_2_28_x86_64" in tags and "py3-none-any" in tags and "cp312-cp312-manylinux_2_28_x86_64" not in tags
+    with pytest.raises(UsageError, match="unknown image lock 'tpu'"):
         locks.flavour("tpu")
 
 
@@ -84,6 +112,7 @@ def test_platform_tags_cover_older_manylinux():
 
 @pytest.mark.parametrize("text, match", [
     ("a==1.0\n", "expected `name==version --hash"),
+    ("a==1.0 --hash=sha256:" + "0" * 64 + " junk\n", "expected `name==version --hash"),
     ("a==1.0 --hash=sha256:abc\n", "expected `name==version --hash"),
     ("a>=1.0 --hash=sha256:" + "0" * 64 + "\n", "not pinned with == alone"),
     ("a[x]==1.0 --hash=sha256:" + "0" * 64 + "\n", "not pinned with == alone"),
@@ -142,62 +171,75 @@ def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()
 
 @pytest.fixture
 def index(tmp_path):
-    """A folder of wheels, and pip flags that make it the only source."""
+    """A folder of wheels, and index flags that make it the only source."""
     folder = tmp_path / "index"
     folder.mkdir()
     _wheel(folder, "capalpha", "1.0", ("capbeta==2.0", "capgamma==3.0; sys_platform == 'win32'"))
     _wheel(folder, "capbeta", "2.0")
     _wheel(folder, "capbeta", "2.1")
     _wheel(folder, "capgamma", "3.0")
+    _wheel(folder, "torch", "2.13.0+cpu", ("capbeta==2.0", "capgamma==3.0"))
     return folder, ("--no-index", "--find-links", str(folder))
 
 
-def test_generate_resolves_for_the_image_and_records_real_hashes(tmp_path, index):
-    folder, pip_args = index
-    src = tmp_path / "cpu.in"
-    src.write_text("capalpha==1.0\n")
-    lock = locks.generate("cpu", pip_args=pip_args, out=tmp_path / "cpu.txt", input_file=src)
-    assert [(w.name, w.version) for w in lock.wheels] == [("capalpha", "1.0"), ("capbeta", "2.0")]
+def _project(tmp_path: Path, deps: list[str], extras: dict[str, list[str]] | None = None) -> Path:
+    extras = extras or {"trial": [], "amd": []}
+    body = "".join(f"{k} = {v!r}\n" for k, v in extras.items())
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f'[project]\nname = "x"\nversion = "1"\ndependencies = {deps!r}\n'
+                    f"[project.optional-dependencies]\n{body}".replace("'", '"'))
+    return path
+
+
+def test_generate_resolves_pyproject_for_the_image_with_uv_and_records_real_hashes(tmp_path, index):
+    folder, args = index
+    project = _project(tmp_path, ["capalpha>=1"], {"trial": ["torch>=2"]})
+    lock = locks.generate("cpu", project, args, out=tmp_path / "cpu.txt")
+    assert [(w.name, w.version) for w in lock.wheels] == [("capalpha", "1.0"), ("capbeta", "2.0"), ("capgamma", "3.0"), ("torch", "2.13.0+cpu")]
     for w in lock.wheels:
         file = next(folder.glob(f"{w.name}-{w.version}-*.whl"))
-        assert w.sha256 == hashlib.sha256(file.read_bytes()).hexdigest()
-    assert lock.complete and lock.path.read_text().startswith("# capture image lock: cpu\n")
+        assert w.hashes == (hashlib.sha256(file.read_bytes()).hexdigest(),)
+    text = lock.path.read_text()
+    assert text.startswith("# capture image lock: cpu\n") and lock.complete
+    assert lock.source_sha256 == locks.source_digest(locks.flavour("cpu"), tomllib.loads(project.read_text()))
 
 
-def test_generate_with_skip_drops_what_only_the_skipped_package_needs(tmp_path, index):
-    folder, pip_args = index
-    _wheel(folder, "capdelta", "1.0", ("capalpha==1.0",))
-    src = tmp_path / "cpu.in"
-    src.write_text("capdelta==1.0\ncapalpha==1.0\n")
-    lock = locks.generate("cpu", pip_args=pip_args, out=tmp_path / "cpu.txt", input_file=src, skip=["capalpha"],
-                          skip_reason="index unreachable")
-    # capdelta pulls capalpha (and so capbeta) in; both go, and the skip is written down.
-    assert [w.name for w in lock.wheels] == ["capdelta"]
-    assert lock.missing == ("capalpha==1.0 (index unreachable)",)
-    with pytest.raises(UsageError, match="--skip capzeta: not in cpu.in"):
-        locks.generate("cpu", pip_args=pip_args, out=tmp_path / "x.txt", input_file=src, skip=["capzeta"])
+def test_generate_for_a_base_with_torch_locks_only_what_is_added(tmp_path, index):
+    _, args = index
+    project = _project(tmp_path, ["capalpha>=1"], {"trial": ["torch>=2"], "amd": []})
+    lock = locks.generate("standin", project, args, out=tmp_path / "standin.txt")
+    # torch, and capgamma (which only torch needs), come from the base.
+    assert [w.name for w in lock.wheels] == ["capalpha", "capbeta"]
+
+
+def test_generate_with_skip_torch_writes_it_down_as_missing(tmp_path, index):
+    _, args = index
+    project = _project(tmp_path, ["capalpha>=1"], {"trial": ["torch>=2"], "amd": []})
+    lock = locks.generate("rocm-wheels", project, args, skip_torch=True, skip_reason="index unreachable",
+                          out=tmp_path / "rw.txt")
+    assert [w.name for w in lock.wheels] == ["capalpha", "capbeta"]
+    assert lock.missing == ("torch==2.13.0+rocm7.2 (index unreachable)",)
+    with pytest.raises(UsageError, match="takes torch from the base image already"):
+        locks.generate("rocm", project, args, skip_torch=True, out=tmp_path / "x.txt")
 
 
 def test_generate_failure_is_one_line(tmp_path, index):
-    _, pip_args = index
-    src = tmp_path / "cpu.in"
-    src.write_text("capalpha==9.9\n")
-    with pytest.raises(UsageError, match="pip could not resolve the cpu lock: ERROR: .*capalpha==9.9"):
-        locks.generate("cpu", pip_args=pip_args, out=tmp_path / "cpu.txt", input_file=src)
+    _, args = index
+    project = _project(tmp_path, ["capalpha==9.9"])
+    with pytest.raises(UsageError, match="uv could not resolve the cpu lock: .*capalpha"):
+        locks.generate("cpu", project, args, out=tmp_path / "cpu.txt")
     assert not (tmp_path / "cpu.txt").exists()
 
 
 def test_wheelhouse_downloads_checks_and_reuses(tmp_path, index, capsys):
-    folder, pip_args = index
-    src = tmp_path / "cpu.in"
-    src.write_text("capalpha==1.0\n")
-    lock = locks.generate("cpu", pip_args=pip_args, out=tmp_path / "cpu.txt", input_file=src)
+    folder, args = index
+    lock = locks.generate("standin", _project(tmp_path, ["capalpha>=1"]), args, out=tmp_path / "standin.txt")
     dest = tmp_path / "wh"
-    first = wheelhouse.prepare("cpu", dest, lock_file=lock.path, pip_args=pip_args)
+    first = wheelhouse.prepare("standin", dest, lock_file=lock.path, pip_args=args)
     assert first.downloaded and sorted(f.name for f in first.files) == [
         "capalpha-1.0-py3-none-any.whl", "capbeta-2.0-py3-none-any.whl"]
     assert capsys.readouterr().out == ""  # pip's progress goes to stderr; stdout stays for results
-    second = wheelhouse.prepare("cpu", dest, lock_file=lock.path, pip_args=pip_args)
+    second = wheelhouse.prepare("standin", dest, lock_file=lock.path, pip_args=args)
     assert not second.downloaded
 
     # A wheel whose bytes changed on disk no longer counts.
@@ -207,10 +249,8 @@ def test_wheelhouse_downloads_checks_and_reuses(tmp_path, index, capsys):
 
 
 def test_wheelhouse_refuses_bytes_that_differ_from_the_lock(tmp_path, index):
-    folder, pip_args = index
-    src = tmp_path / "cpu.in"
-    src.write_text("capbeta==2.0\n")
-    lock = locks.generate("cpu", pip_args=pip_args, out=tmp_path / "cpu.txt", input_file=src)
+    folder, args = index
+    lock = locks.generate("standin", _project(tmp_path, ["capbeta==2.0"]), args, out=tmp_path / "standin.txt")
     _wheel(folder, "capbeta", "2.0", ("capgamma==3.0",))  # same name and version, other bytes
-    with pytest.raises(UsageError, match="cannot prepare the cpu wheelhouse: ERROR: .*(hash|HASH)"):
-        wheelhouse.prepare("cpu", tmp_path / "wh", lock_file=lock.path, pip_args=pip_args)
+    with pytest.raises(UsageError, match="cannot prepare the standin wheelhouse: ERROR: .*(hash|HASH)"):
+        wheelhouse.prepare("standin", tmp_path / "wh", lock_file=lock.path, pip_args=args)

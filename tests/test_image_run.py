@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,136 @@ def test_run_without_daemon_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
 def test_run_needs_a_command(tmp_path, capsys):
     assert main(["run", "--image", "x", "--"]) == 2
     assert "nothing to run in the container" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- what may be mounted
+
+
+def _run(args: list[str], capsys) -> tuple[int, str]:
+    code = main(["run", "--image", "capture-cpu:0.1.0", "--no-code", *args])
+    return code, capsys.readouterr().err
+
+
+def _refused(args: list[str], capsys, match: str) -> None:
+    code, err = _run([*args, "--dry-run", "--", "fingerprint"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and match in lines[0] and lines[0].startswith("error: "), err
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("out", ["/", "/etc", "/usr/lib", "/var", "/proc", "/sys/kernel", "/dev", "/boot", "/run",
+                                 "/lib64", "/bin", "/sbin"])
+def test_out_may_not_be_root_or_a_system_folder(out, capsys, tmp_path):
+    _refused(["--out", out], capsys, "refusing to mount")
+
+
+def test_out_through_a_symlink_or_dotdot_is_resolved_first(tmp_path, capsys):
+    (tmp_path / "link").symlink_to("/etc")
+    _refused(["--out", str(tmp_path / "link")], capsys, "(= /etc)")
+    _refused(["--out", str(tmp_path / "link" / "new")], capsys, "system folder (/etc)")
+    _refused(["--out", str(tmp_path) + "/../" * 12], capsys, "the host's root folder")
+
+
+def test_home_and_its_parents_are_refused_but_a_folder_inside_is_not(tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home" / "alice"
+    home.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    _refused(["--out", str(home)], capsys, "refusing to mount the home folder")
+    _refused(["--out", str(tmp_path / "home")], capsys, "a folder that holds the home folder")
+    from capture.image import mounts
+
+    assert mounts.folder("--out", home / "results", must_exist=False) == home / "results"
+
+
+def test_sockets_and_devices_are_never_mounted(tmp_path, capsys):
+    import socket
+
+    sock_path = tmp_path / "docker.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    try:
+        _refused(["--cache", str(sock_path)], capsys, "refusing to mount a socket")
+        _refused(["--out", str(tmp_path / "o"), "--key", str(sock_path)], capsys, "refusing to mount a socket")
+    finally:
+        sock.close()
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    _refused(["--out", str(tmp_path / "o"), "--key", str(tmp_path / "zero")], capsys, "system folder (/dev)")
+    os.mkfifo(tmp_path / "fifo")
+    _refused(["--out", str(tmp_path / "o"), "--allowed-signers", str(tmp_path / "fifo")], capsys, "refusing to mount a FIFO")
+
+
+def test_out_and_cache_must_be_disjoint(tmp_path, capsys):
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    _refused(["--out", str(hub), "--cache", str(hub)], capsys, "--out and --cache are the same folder")
+    _refused(["--out", str(hub / "o"), "--cache", str(hub)], capsys, "is inside --cache")
+    _refused(["--out", str(tmp_path), "--cache", str(hub)], capsys, "is inside --out")
+
+
+def test_key_must_be_a_regular_file(tmp_path, capsys):
+    (tmp_path / "keys").mkdir()
+    _refused(["--out", str(tmp_path / "o"), "--key", str(tmp_path / "keys")], capsys, "not a regular file")
+    _refused(["--out", str(tmp_path / "o"), "--key", str(tmp_path / "absent")], capsys, "no such file")
+    key = tmp_path / "k"
+    key.write_text("x")
+    (tmp_path / "k.pub").mkdir()
+    _refused(["--out", str(tmp_path / "o"), "--key", str(key)], capsys, "--key (its .pub)")
+
+
+def test_refusals_happen_before_any_daemon_is_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/absent.sock")
+    _refused(["--out", "/"], capsys, "refusing to mount the host's root folder")
+
+
+class _Client:
+    """The one call plan() makes of Docker: inspect the image."""
+
+    class api:
+        @staticmethod
+        def inspect_image(ref):
+            return {"Id": IMAGE_ID, "Config": {"Labels": {"io.capture.flavour": "cpu"}}}
+
+
+def test_dry_run_creates_nothing_and_shows_every_mount(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CAPTURE_KEY", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(run, "docker_client", lambda: _Client())
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    out = tmp_path / "out"
+    assert main(["run", "--image", "x", "--out", str(out), "--code", str(code_dir), "--dry-run", "--",
+                 "trial", "--example", "tiny"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert not out.exists() and not (tmp_path / "config").exists() and not (tmp_path / "home").exists()
+    targets = {m["target"]: m for m in shown["mounts"]}
+    assert targets["/out"]["source"] == str(out) and targets["/out"]["mode"] == "rw"
+    assert targets[str(code_dir)]["mode"] == "ro" and shown["working_dir"] == str(code_dir)
+    assert targets["/run/capture/key"]["source"] == str(tmp_path / "config" / "capture" / "id_ed25519")
+    assert "/run/capture/key.pub" in targets
+    assert any("signing key" in c for c in shown["creates"]) and any(str(out) in c for c in shown["creates"])
+
+
+def test_code_in_a_linked_worktree_mounts_its_git_folders(tmp_path):
+    import subprocess
+
+    def git(*a, cwd=tmp_path / "main"):
+        subprocess.run(["git", *a], cwd=cwd, check=True, capture_output=True)
+
+    (tmp_path / "main").mkdir()
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "one")
+    git("worktree", "add", "-q", str(tmp_path / "wt"))
+    code, extra = run.code_mounts(tmp_path / "wt")
+    assert code == tmp_path / "wt" and extra == ((tmp_path / "main" / ".git"),)
+    assert run.code_mounts(tmp_path / "main") == (tmp_path / "main", ())
+
+
+def test_code_is_read_only_so_it_may_live_inside_var_but_not_be_a_system_folder(capsys):
+    from capture.image import mounts
+
+    assert mounts.folder("--code", "/var/lib", must_exist=True, inside_system=True) == Path("/var/lib")
+    for folder, why in (("/etc", "--code /etc: refusing to mount a system folder (/etc)"), ("/", "root folder")):
+        assert main(["run", "--image", "x", "--code", folder, "--dry-run", "--", "fingerprint"]) == 2
+        assert why in capsys.readouterr().err

@@ -18,6 +18,9 @@ from typing import Any
 from capture.errors import DockerUnavailable
 
 FLAVOURS = ("cuda", "rocm", "cpu")
+DISTRIBUTION = "capture-stack"
+"""The name on the package index (``capture`` there is an unrelated project); the import package
+and the command stay ``capture``."""
 
 # Labels every image carries; `capture image build` fails when one is missing or wrong.
 LABEL_CREATED = "org.opencontainers.image.created"

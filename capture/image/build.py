@@ -17,19 +17,41 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
+
+from packaging.utils import canonicalize_name
 
 from capture import __version__
 from capture.errors import DockerUnavailable, UsageError
 from capture.image import (
-    FLAVOURS, LABEL_BASE_DIGEST, LABEL_BASE_NAME, LABEL_CREATED, LABEL_FLAVOUR, LABEL_LOCK,
-    LABEL_LOCK_SHA256, LABEL_REVISION, LABEL_SOURCE, LABEL_TITLE, LABEL_VERSION, REQUIRED_LABELS,
-    _short, docker_client, locks, wheelhouse,
+    DISTRIBUTION,
+    FLAVOURS,
+    LABEL_BASE_DIGEST,
+    LABEL_BASE_NAME,
+    LABEL_CREATED,
+    LABEL_FLAVOUR,
+    LABEL_LOCK,
+    LABEL_LOCK_SHA256,
+    LABEL_REVISION,
+    LABEL_SOURCE,
+    LABEL_TITLE,
+    LABEL_VERSION,
+    REQUIRED_LABELS,
+    _short,
+    docker_client,
+    locks,
+    wheelhouse,
 )
-from capture.manifest import utc_now
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+LOCAL_BASE = "capture-local/bookworm-python:base"
+"""The Debian stand-in base that ``make base-local`` (``.ci/docker.sh``) builds with debootstrap."""
+STANDIN_TAG = "capture-local/rocm-pytorch-standin:base"
+"""The local stand-in for rocm/pytorch (torch in /opt/venv) that CI builds the ROCm Dockerfile on."""
+NO_REGISTRY_HINT = ("where no registry is reachable, build on the local base: `make base-local`, then "
+                    f"`make trial-cpu LOCAL_BASE=1` (or --base-image {LOCAL_BASE})")
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,23 @@ def resolve_base(client: Any, ref: str) -> tuple[str, str]:
     return name, image.id
 
 
+def _pull_default(client: Any, ref: str) -> None:
+    """Pull a default base that the Dockerfile pins by tag only (its digest is then read locally)."""
+    from docker.errors import APIError, ImageNotFound
+
+    try:
+        client.images.get(ref)
+        return
+    except ImageNotFound:
+        pass
+    sys.stderr.write(f"pulling {ref} (the Dockerfile pins its tag; the pulled digest is recorded)\n")
+    try:
+        client.images.pull(ref)
+    except APIError as exc:
+        raise UsageError(f"cannot pull the base image {ref}: {_short(exc.explanation or str(exc))}",
+                         "pull it where a registry is reachable and `docker load` it here, or pass --base-image REF") from None
+
+
 def git_identity(root: Path) -> tuple[str, str]:
     """(source URL with credentials removed, revision) of the checkout; ``unknown`` outside git."""
     from capture.probes.packages import strip_url_credentials
@@ -121,6 +160,28 @@ def git_identity(root: Path) -> tuple[str, str]:
     return (strip_url_credentials(source) if source else "unknown"), revision
 
 
+def source_date_epoch(root: Path) -> int:
+    """``$SOURCE_DATE_EPOCH``, else the commit time of HEAD, else 1980-01-01 (outside git)."""
+    env = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if env:
+        if not env.isdigit():
+            raise UsageError(f"SOURCE_DATE_EPOCH={env!r} is not a number of seconds", "unset it, or set it to `git log -1 --format=%ct`")
+        return int(env)
+    try:
+        out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 315532800
+    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip().isdigit() else 315532800
+
+
+def rfc3339(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def wheel_glob() -> str:
+    return DISTRIBUTION.replace("-", "_") + "-*.whl"
+
+
 def build_capture_wheel(root: Path, dest: Path, python: str = sys.executable) -> tuple[Path, str]:
     """A wheel of this checkout (no dependencies: those are locked) and its sha256."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -129,7 +190,7 @@ def build_capture_wheel(root: Path, dest: Path, python: str = sys.executable) ->
     env = {**locks.environ_without_pip_target(), "SOURCE_DATE_EPOCH": "315532800"}
     proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                            "--wheel-dir", str(dest), str(root)], capture_output=True, text=True, env=env)
-    wheels = sorted(dest.glob("capture-*.whl"))
+    wheels = sorted(dest.glob(wheel_glob()))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr.strip().splitlines() or ["no wheel produced"])[-1]
         raise UsageError(f"cannot build a wheel of capture from {root}: {_short(tail)}",
@@ -145,7 +206,14 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def stage_context(flavour: str, lock: locks.Lock, wheels: list[Path], root: Path, into: Path) -> str:
+def _set_times(folder: Path, epoch: int) -> None:
+    """Every staged file and folder dated ``epoch``, so COPY layers do not depend on the clock."""
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (epoch, epoch), follow_symlinks=False)
+
+
+def stage_context(flavour: str, lock: locks.Lock, wheels: list[Path], root: Path, into: Path,
+                  epoch: int = 315532800) -> str:
     """Fill ``into`` with everything the Dockerfile copies; returns capture's wheel sha256."""
     shutil.copy2(dockerfile(flavour, root), into / "Dockerfile")
     (into / "locks").mkdir()
@@ -157,7 +225,8 @@ def stage_context(flavour: str, lock: locks.Lock, wheels: list[Path], root: Path
     dist = into / "dist"
     wheel, sha = build_capture_wheel(root, dist)
     (dist / "capture.txt").write_text(
-        f"capture @ file:///build/dist/{wheel.name} --hash=sha256:{sha}\n", encoding="utf-8")
+        f"{DISTRIBUTION} @ file:///build/dist/{wheel.name} --hash=sha256:{sha}\n", encoding="utf-8")
+    _set_times(into, epoch)
     return sha
 
 
@@ -192,7 +261,7 @@ def check_labels(labels: Mapping[str, str] | None, expected: Mapping[str, str], 
 
 
 def default_tag(flavour: str, lock_name: str) -> str:
-    suffix = "" if lock_name == flavour else f"-{lock_name}-wheels"
+    suffix = "" if lock_name == locks.DEFAULT_LOCK[flavour] else f"-{lock_name}"
     return f"capture-{flavour}:{__version__}{suffix}"
 
 
@@ -202,50 +271,86 @@ def build(flavour: str, *, base_image: str | None = None, tag: str | None = None
     """Build ``images/<flavour>/Dockerfile``; progress streams to stderr."""
     root = project_root()
     dockerfile(flavour, root)
-    lock_name = lock_name or flavour
+    lock_name = lock_name or locks.DEFAULT_LOCK[flavour]
     lock = locks.read_lock(lock_name)
     lock.require_complete()
     client = client or docker_client()
     base_ref = base_image or default_base(flavour, root)
-    if not split_ref(base_ref)[1] and base_image:
+    if not split_ref(base_ref)[1]:
+        # No digest to pin (a local base, or a default not yet pinned): the local image answers,
+        # and the build runs on exactly that image.
+        if not base_image:
+            _pull_default(client, base_ref)
         base_name, base_digest = resolve_base(client, base_ref)
+        if base_digest.startswith("sha256:") and not base_image:
+            base_ref = f"{base_name}@{base_digest}"
     else:
         base_name, base_digest = split_ref(base_ref)  # type: ignore[assignment]
     wh = wheelhouse.prepare(lock_name, wheel_dir, pip_args=pip_args)
     source, revision = git_identity(root)
-    created = utc_now()
+    epoch = source_date_epoch(root)
+    created = rfc3339(epoch)
     tag = tag or default_tag(flavour, lock_name)
     expected = expected_labels(flavour, lock, base_name, str(base_digest), created, source, revision)
     buildargs = {
         "BASE_IMAGE": base_ref, "BASE_NAME": base_name, "BASE_DIGEST": str(base_digest),
         "LOCK": lock_name, "LOCK_SHA256": lock.sha256, "CREATED": created, "SOURCE": source,
-        "REVISION": revision, "VERSION": __version__,
+        "REVISION": revision, "VERSION": __version__, "SOURCE_DATE_EPOCH": str(epoch),
     }
     cache = root / ".cache"
     cache.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"build-{flavour}-", dir=cache) as tmp:
         ctx = Path(tmp)
-        stage_context(flavour, lock, list(wh.files), root, ctx)
+        stage_context(flavour, lock, list(wh.files), root, ctx, epoch)
         sys.stderr.write(f"building {tag} from images/{flavour}/Dockerfile on {base_ref} "
-                         f"with the {lock_name} lock ({len(wh.files)} wheels)\n")
-        image_id = _stream_build(client, ctx, tag, buildargs, no_cache)
+                         f"with the {lock_name} lock ({len(wh.files)} wheels, created {created})\n")
+        image_id, stages = _stream_build(client, ctx, tag, buildargs, no_cache)
+    keep_stages(client, tag, stages)
     inspect = client.api.inspect_image(image_id)
     labels = (inspect.get("Config") or {}).get("Labels") or {}
     check_labels(labels, expected, tag)
     return BuildResult(inspect["Id"], tag, flavour, lock_name, base_name, str(base_digest), dict(labels))
 
 
-def _stream_build(client: Any, ctx: Path, tag: str, buildargs: dict[str, str], no_cache: bool) -> str:
+_STEP_FROM = re.compile(r"^Step \d+/\d+ : FROM (\S+)(?: (?:AS|as) (\S+))?")
+_STEP_ID = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+def _build_error(tag: str, reason: str) -> UsageError:
+    text = reason.lower()
+    if ("pull access denied" in text or "manifest unknown" in text or "no such host" in text
+            or "dial tcp" in text or "failed to resolve" in text or "not found: manifest" in text
+            or "name resolution" in text or "i/o timeout" in text or "tls handshake timeout" in text
+            or "connection refused" in text or ("error response from daemon" in text and "pull" in text)):
+        return UsageError(f"docker build of {tag} failed: the base image cannot be pulled ({_short(reason)})",
+                          NO_REGISTRY_HINT)
+    return UsageError(f"docker build of {tag} failed: {_short(reason)}", "the build log above shows the failing step")
+
+
+def _stream_build(client: Any, ctx: Path, tag: str, buildargs: dict[str, str], no_cache: bool,
+                  dockerfile_name: str = "Dockerfile") -> tuple[str, dict[str, str]]:
+    """Build; returns (image ID, {stage name: the ID it ended with}) for the stages before the last."""
     from docker.errors import APIError, DockerException
 
     image_id = None
     error = None
+    stages: dict[str, str] = {}
+    stage: str | None = None
+    last: str | None = None
+    count = 0
     try:
-        for chunk in client.api.build(path=str(ctx), dockerfile="Dockerfile", tag=tag, buildargs=buildargs,
+        for chunk in client.api.build(path=str(ctx), dockerfile=dockerfile_name, tag=tag, buildargs=buildargs,
                                       network_mode="host", rm=True, forcerm=True, pull=False,
                                       nocache=no_cache, decode=True):
             if "stream" in chunk:
                 sys.stderr.write(chunk["stream"])
+                for line in chunk["stream"].splitlines():
+                    if m := _STEP_FROM.match(line):
+                        if stage is not None and last:
+                            stages[stage] = last
+                        stage, last, count = m.group(2) or f"stage{count}", None, count + 1
+                    elif m := _STEP_ID.match(line):
+                        last = m.group(1)
             elif "status" in chunk:
                 sys.stderr.write(chunk["status"] + (" " + chunk["progress"] if chunk.get("progress") else "") + "\n")
             if "error" in chunk:
@@ -255,13 +360,74 @@ def _stream_build(client: Any, ctx: Path, tag: str, buildargs: dict[str, str], n
             if "ID" in aux:
                 image_id = aux["ID"]
     except APIError as exc:
-        raise UsageError(f"docker build of {tag} failed: {_short(exc.explanation or str(exc))}",
-                         "the build log above shows the failing step") from None
+        raise _build_error(tag, exc.explanation or str(exc)) from None
     except DockerException as exc:
         raise DockerUnavailable(f"docker build of {tag} stopped: {_short(str(exc))}",
                                 "check that the daemon is still running") from None
     if error:
-        raise UsageError(f"docker build of {tag} failed: {_short(error)}", "the build log above shows the failing step")
+        raise _build_error(tag, error)
     if not image_id:
         image_id = client.images.get(tag).id
+    return image_id, stages
+
+
+def keep_stages(client: Any, tag: str, stages: Mapping[str, str]) -> dict[str, str]:
+    """Tag each stage that would be left dangling as ``TAG-stage-NAME``; remove the one it replaces.
+
+    The classic builder keeps a multi-stage build's intermediate stages as untagged images; they
+    are the layer cache of the next build (the install stage holds the wheelhouse, ~1.6 GB for the
+    CPU flavour). Named, they can be listed and removed; the stage image a new build replaced is
+    removed here, so nothing is left dangling.
+    """
+    from docker.errors import APIError, ImageNotFound
+
+    repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    dangling = {i.id for i in client.images.list(filters={"dangling": True})}
+    tagged = {}
+    for name, short_id in stages.items():
+        try:
+            image = client.images.get(short_id)
+        except ImageNotFound:
+            continue
+        if image.id not in dangling:
+            continue  # a parent of the final image (or tagged already): not left behind
+        name_tag = f"{version}-stage-{name}"
+        try:
+            old = client.images.get(f"{repo}:{name_tag}").id
+        except ImageNotFound:
+            old = None
+        image.tag(repo, name_tag)
+        tagged[name] = f"{repo}:{name_tag}"
+        if old and old != image.id:
+            try:
+                client.images.remove(old, noprune=False)
+            except APIError:
+                pass  # still used by another image: not dangling
+    return tagged
+
+
+def build_standin_base(wheel_dir: Path, *, client: Any = None, base: str = LOCAL_BASE,
+                       tag: str = STANDIN_TAG) -> str:
+    """The rocm/pytorch stand-in: ``base`` with the CPU torch (and what it needs) in /opt/venv."""
+    client = client or docker_client()
+    root = project_root()
+    cpu = locks.read_lock("cpu")
+    found, missing = wheelhouse.locate(cpu, Path(wheel_dir))
+    if missing:
+        raise UsageError(f"wheelhouse {wheel_dir}: {missing[0]} is missing", "run `capture image wheelhouse cpu` first")
+    keep = {"torch", "filelock", "typing-extensions", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
+            "fsspec", "setuptools"}
+    lines = [w.line() for w in cpu.wheels if w.name in keep]
+    cache = root / ".cache"
+    cache.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="build-standin-", dir=cache) as tmp:
+        ctx = Path(tmp)
+        shutil.copy2(root / "images" / "rocm" / "standin.Dockerfile", ctx / "Dockerfile")
+        (ctx / "lock.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (ctx / "wheels").mkdir()
+        for f in found:
+            if canonicalize_name(f.name.split("-", 1)[0]) in keep:
+                _link_or_copy(f, ctx / "wheels" / f.name)
+        _set_times(ctx, 315532800)
+        image_id, _ = _stream_build(client, ctx, tag, {"BASE_IMAGE": base}, False)
     return image_id

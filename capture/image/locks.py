@@ -1,32 +1,40 @@
-"""Hash-locked requirements, one file per image flavour.
+"""Hash-locked requirements, one file per image lock, generated from ``pyproject.toml``.
 
-``locks/<flavour>.in`` holds the pinned top-level requirements; ``locks/<flavour>.txt`` is
-generated from it (``capture image lock FLAVOUR``) and lists every wheel the image installs as
-``name==version --hash=sha256:...``, resolved for the image's Python and platform, not the host's.
-The images install with ``pip install --no-index --require-hashes``, so a wheel that is not in
-the lock, or whose bytes differ, stops the build.
+``pyproject.toml`` is the one source of truth: a lock holds the package's runtime dependencies and
+the extras its image needs, resolved by uv for the image's Python and platform (not the host's)
+and written with the sha256 of every wheel the image may install. A lock names the torch build
+it pins (an override), or says that the base image provides torch (the ``rocm`` route on AMD's
+``rocm/pytorch``): torch is then excluded from the resolution and nothing torch alone needs is
+locked. The images install with ``pip install --no-index --require-hashes`` and run ``pip check``.
 
-A requirement that could not be resolved where the lock was made (a GPU wheel whose index was
-unreachable) is never guessed: it is written as a ``# missing: REQ (why)`` line, and a lock with
-such a line refuses to prepare a wheelhouse until it is regenerated where the index answers.
+A requirement that cannot be resolved where the lock was made (a GPU wheel whose index is
+unreachable) is never guessed: it is written as ``# missing: REQ (why)``, and such a lock refuses
+to prepare a wheelhouse until it is regenerated where that index answers.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 from urllib.parse import unquote, urlsplit
 
+from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 
 from capture._atomic import atomic_write
 from capture.errors import UsageError
@@ -35,8 +43,8 @@ LOCK_DIR = Path(__file__).with_name("locks")
 
 
 @dataclass(frozen=True)
-class Flavour:
-    """Where an image's Python packages must run: its interpreter and platform."""
+class LockSpec:
+    """One lock: where its packages run (Python, glibc), which extras, and where torch comes from."""
 
     name: str
     python_version: str
@@ -45,24 +53,42 @@ class Flavour:
     """The base image's glibc: the newest manylinux tag its wheels may carry."""
     base_python: str
     """Where that interpreter comes from, for the lock header."""
+    extras: tuple[str, ...]
+    """``[project.optional-dependencies]`` the image installs besides the runtime dependencies."""
+    torch: str | None
+    """The torch build the lock pins (``torch==2.13.0+cpu``); None: the base image provides torch."""
 
     @property
     def platform(self) -> str:
         return f"manylinux_{self.glibc[0]}_{self.glibc[1]}_x86_64"
 
     @property
+    def uv_platform(self) -> str:
+        return f"x86_64-manylinux_{self.glibc[0]}_{self.glibc[1]}"
+
+    @property
     def platforms(self) -> list[str]:
         """Every platform tag the image accepts, best first; pip does not expand these itself."""
         major, minor = self.glibc
         tags = [f"manylinux_{major}_{m}_x86_64" for m in range(minor, 16, -1)]
-        return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+        return tags + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 
     @property
     def abi(self) -> str:
         return "cp" + self.python_version.replace(".", "")
 
+    @property
+    def base_provides_torch(self) -> bool:
+        return self.torch is None
+
+    def tags(self) -> set[Tag]:
+        """The wheel tags an interpreter of the image accepts."""
+        version = tuple(int(p) for p in self.python_version.split("."))
+        return set(cpython_tags(version, [self.abi, "abi3", "none"], self.platforms)) | set(
+            compatible_tags(version, self.abi, self.platforms))
+
     def pip_target_args(self) -> list[str]:
-        """pip flags that resolve for the image instead of this host."""
+        """pip flags that download for the image instead of this host."""
         return [
             "--only-binary=:all:",
             "--python-version", self.python_version,
@@ -73,20 +99,39 @@ class Flavour:
             *[arg for p in self.platforms for arg in ("--platform", p)],
         ]
 
+    def marker_env(self) -> dict[str, str]:
+        return {
+            "python_version": self.python_version, "python_full_version": self.python_version + ".0",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+            "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "platform_release": "", "platform_version": "", "implementation_version": self.python_version + ".0",
+        }
 
-FLAVOURS: dict[str, Flavour] = {
-    "cpu": Flavour("cpu", "3.11", (2, 36), "python:3.11-slim-bookworm (Debian 12)"),
-    "cuda": Flavour("cuda", "3.12", (2, 39), "nvidia/cuda 13.0.3 on Ubuntu 24.04, python3 3.12"),
-    "rocm": Flavour("rocm", "3.12", (2, 39), "rocm/dev-ubuntu-24.04 7.2.4, python3 3.12"),
+
+_DEBIAN = "Debian 12 (python 3.11, glibc 2.36)"
+_NOBLE = "Ubuntu 24.04 (python 3.12, glibc 2.39)"
+LOCKS: dict[str, LockSpec] = {
+    "cpu": LockSpec("cpu", "3.11", (2, 36), f"python:3.11-slim-bookworm, {_DEBIAN}", ("trial",), "torch==2.13.0+cpu"),
+    "cuda": LockSpec("cuda", "3.12", (2, 39), f"nvidia/cuda 13.0.3 on {_NOBLE}", ("trial", "nvidia"), "torch==2.13.0"),
+    "rocm": LockSpec("rocm", "3.12", (2, 39), f"rocm/pytorch on {_NOBLE}; torch, ROCm, MIOpen and RCCL come with the base",
+                     ("trial", "amd"), None),
+    "rocm-wheels": LockSpec("rocm-wheels", "3.12", (2, 39), f"rocm/dev-ubuntu-24.04 7.2.4, {_NOBLE}",
+                            ("trial", "amd"), "torch==2.13.0+rocm7.2"),
+    "standin": LockSpec("standin", "3.11", (2, 36), f"the CI stand-in for rocm/pytorch: {_DEBIAN}, torch from the base",
+                        ("trial", "amd"), None),
 }
+"""``cpu``/``cuda``/``rocm`` are the flavours' default locks; ``rocm-wheels`` is the wheel route
+(torch from the PyTorch ROCm wheel index, where it is reachable); ``standin`` is what the ``rocm``
+route adds, for the local Debian stand-in base that CI builds the ROCm Dockerfile on."""
+
+DEFAULT_LOCK = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm"}
 
 
-def flavour(name: str) -> Flavour:
+def flavour(name: str) -> LockSpec:
     try:
-        return FLAVOURS[name]
+        return LOCKS[name]
     except KeyError:
-        raise UsageError(f"unknown image flavour {name!r}",
-                         f"use one of: {', '.join(FLAVOURS)}") from None
+        raise UsageError(f"unknown image lock {name!r}", f"use one of: {', '.join(LOCKS)}") from None
 
 
 @dataclass(frozen=True)
@@ -94,32 +139,39 @@ class LockedWheel:
     name: str
     """Canonical (PEP 503) project name."""
     version: str
-    sha256: str
+    hashes: tuple[str, ...]
+    """sha256 of each wheel of this version that the image accepts (pip takes any of them)."""
 
     def line(self) -> str:
-        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+        return f"{self.name}=={self.version} " + " ".join(f"--hash=sha256:{h}" for h in self.hashes)
 
 
 @dataclass(frozen=True)
 class Lock:
     flavour: str
+    """The lock's name (``cpu``, ``rocm-wheels``, ...)."""
     path: Path
     wheels: tuple[LockedWheel, ...]
     missing: tuple[str, ...]
     """``REQ (why)`` for each requirement that could not be locked."""
     sha256: str
     """Of the lock file's bytes; the images carry it as the ``io.capture.lock.sha256`` label."""
+    source_sha256: str | None = None
+    """The ``# pyproject: ... sha256:`` header: what it was generated from (see :func:`source_digest`)."""
 
     @property
     def complete(self) -> bool:
         return not self.missing
+
+    def versions(self) -> dict[str, str]:
+        return {w.name: w.version for w in self.wheels}
 
     def require_complete(self) -> None:
         if self.missing:
             raise UsageError(
                 f"{self.path.name} is incomplete: {'; '.join(self.missing)}",
                 f"regenerate it where that wheel's index answers: `capture image lock {self.flavour} "
-                "--extra-index-url URL`, or build with `--lock cpu` to stand the CPU wheels in",
+                "--extra-index-url URL`, or build the rocm flavour on AMD's rocm/pytorch base (the default lock)",
             )
 
 
@@ -127,12 +179,9 @@ def lock_path(name: str) -> Path:
     return LOCK_DIR / f"{flavour(name).name}.txt"
 
 
-def input_path(name: str) -> Path:
-    return LOCK_DIR / f"{flavour(name).name}.in"
-
-
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})$")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 _MISSING = "# missing: "
+_SOURCE = re.compile(r"^# pyproject: .* sha256:([0-9a-f]{64})$")
 
 
 def parse_lock(data: bytes, path: Path, name: str) -> Lock:
@@ -144,18 +193,21 @@ def parse_lock(data: bytes, path: Path, name: str) -> Lock:
     wheels: list[LockedWheel] = []
     missing: list[str] = []
     seen: set[str] = set()
+    source = None
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if line.startswith(_MISSING):
             missing.append(line[len(_MISSING):].strip())
             continue
+        if m := _SOURCE.match(line):
+            source = m.group(1)
         if not line or line.startswith("#"):
             continue
         where = f"{path}:{number}"
         parts = line.split()
-        m = _HASH.match(parts[-1]) if len(parts) == 2 else None
-        if not m:
-            raise UsageError(f"{where}: expected `name==version --hash=sha256:<64 hex>`, found {line!r}",
+        hashes = [_HASH.fullmatch(p) for p in parts[1:]]
+        if len(parts) < 2 or not all(hashes):
+            raise UsageError(f"{where}: expected `name==version --hash=sha256:<64 hex>...`, found {line!r}",
                              f"regenerate the file with `capture image lock {name}`")
         try:
             req = Requirement(parts[0])
@@ -169,14 +221,14 @@ def parse_lock(data: bytes, path: Path, name: str) -> Lock:
         if key in seen:
             raise UsageError(f"{where}: {key} is listed twice", f"regenerate the file with `capture image lock {name}`")
         seen.add(key)
-        wheels.append(LockedWheel(key, specs[0].version, m.group(1)))
+        wheels.append(LockedWheel(key, specs[0].version, tuple(h.group(1) for h in hashes if h)))
     if not wheels and not missing:
         raise UsageError(f"{path}: no locked wheels", f"generate it with `capture image lock {name}`")
-    return Lock(name, path, tuple(wheels), tuple(missing), hashlib.sha256(data).hexdigest())
+    return Lock(name, path, tuple(wheels), tuple(missing), hashlib.sha256(data).hexdigest(), source)
 
 
 def read_lock(name: str, path: Path | None = None) -> Lock:
-    """The lock of a flavour (the packaged one unless ``path`` names another)."""
+    """The lock of that name (the packaged one unless ``path`` names another)."""
     flavour(name)
     path = Path(path) if path else lock_path(name)
     try:
@@ -188,162 +240,160 @@ def read_lock(name: str, path: Path | None = None) -> Lock:
     return parse_lock(data, path, name)
 
 
-# --------------------------------------------------------------------------- generating
+# --------------------------------------------------------------------------- what a lock is made from
 
 
-def _read_input(name: str, skip: Iterable[str], path: Path | None = None) -> tuple[list[str], list[str], bytes]:
-    path = Path(path) if path else input_path(name)
+def read_pyproject(pyproject: Path) -> dict:
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})", "the pinned input ships with capture; reinstall it") from None
-    skip_keys = {canonicalize_name(s) for s in skip}
-    keep, skipped = [], []
-    for raw in data.decode("utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            req = Requirement(line)
-        except InvalidRequirement as exc:
-            raise UsageError(f"{path}: {exc}", "each line pins one requirement: name==version") from None
-        if canonicalize_name(req.name) in skip_keys:
-            skipped.append(line)
-        else:
-            keep.append(line)
-    unknown = skip_keys - {canonicalize_name(Requirement(r).name) for r in keep + skipped}
-    if unknown:
-        raise UsageError(f"--skip {', '.join(sorted(unknown))}: not in {path.name}",
-                         f"skip only requirements that {path.name} lists")
-    return keep, skipped, data
+        return tomllib.loads(Path(pyproject).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{pyproject}: cannot read ({exc})", "run from a checkout of capture") from None
 
 
-def _sha256_file(path: Path) -> str:
+def requirements_for(spec: LockSpec, project: dict) -> list[Requirement]:
+    """The runtime dependencies and the spec's extras (markers evaluated for the image)."""
+    proj = project.get("project") or {}
+    extras = proj.get("optional-dependencies") or {}
+    absent = [e for e in spec.extras if e not in extras]
+    if absent:
+        raise UsageError(f"pyproject.toml has no extra {absent[0]!r}, which the {spec.name} lock installs",
+                         "restore it, or change the lock's extras in capture/image/locks.py")
+    env = spec.marker_env()
+    out = []
+    for text in [*(proj.get("dependencies") or []), *(r for e in spec.extras for r in extras[e])]:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+            out.append(req)
+    return out
+
+
+def source_digest(spec: LockSpec, project: dict) -> str:
+    """sha256 of what a lock is resolved from: the requirements it takes from pyproject, its
+    torch pin and its platform. A lock whose header differs is stale."""
+    lines = sorted(str(r) for r in requirements_for(spec, project))
+    lines += [f"torch: {spec.torch or 'from the base'}", f"python: {spec.python_version}", f"platform: {spec.platform}"]
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- generating (uv)
+
+
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin  # the dev extra pins uv
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found:
+            return found
+    raise UsageError("uv is not installed (it resolves the image locks)", "pip install -e '.[dev]' (it pins uv)")
+
+
+def _wheel_file_hash(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme != "file":
+        return None
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(unquote(parts.path), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _wheel_hash(item: dict) -> str:
-    info = item.get("download_info") or {}
-    url = info.get("url", "")
-    hashes = (info.get("archive_info") or {}).get("hashes") or {}
-    if "sha256" in hashes:
-        return hashes["sha256"]
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        return _sha256_file(Path(unquote(parts.path)))
-    name = (item.get("metadata") or {}).get("name", "?")
-    raise UsageError(f"the index gave no sha256 for {name} ({url})",
-                     "use an index that publishes hashes (PEP 503 #sha256= links)")
-
-
-def _marker_env(fl: Flavour) -> dict[str, str]:
-    return {
-        "python_version": fl.python_version, "python_full_version": fl.python_version + ".0",
-        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-    }
-
-
-def _needed(items: list[dict], top: Sequence[str], fl: Flavour) -> set[str]:
-    """Names reachable from ``top`` through the resolved packages' dependencies (for the image)."""
-    meta = {canonicalize_name(i["metadata"]["name"]): i["metadata"] for i in items}
-    env = _marker_env(fl)
-    seen: set[tuple[str, tuple[str, ...]]] = set()
-    stack = [(Requirement(r), ("",)) for r in top]
-    while stack:
-        req, extras = stack.pop()
-        if req.marker and not any(req.marker.evaluate({**env, "extra": e}) for e in extras):
+def wheels_from_pylock(spec: LockSpec, pylock: dict) -> list[LockedWheel]:
+    """The image's wheels out of uv's PEP 751 ``pylock.toml``: the hashes of the wheels its tags accept."""
+    accepted = spec.tags()
+    env = spec.marker_env()
+    out = []
+    for pkg in pylock.get("packages") or []:
+        name, version = canonicalize_name(pkg["name"]), str(pkg["version"])
+        if pkg.get("marker") and not Marker(pkg["marker"]).evaluate({**env, "extra": ""}):
             continue
-        key = canonicalize_name(req.name)
-        if key not in meta:
-            continue
-        wanted = ("",) + tuple(sorted(req.extras))
-        if (key, wanted) in seen:
-            continue
-        seen.add((key, wanted))
-        for dep in meta[key].get("requires_dist", []) or []:
-            stack.append((Requirement(dep), wanted))
-    return {k for k, _ in seen}
+        hashes = []
+        for wheel in pkg.get("wheels") or []:
+            url = wheel.get("url") or wheel.get("path") or ""
+            filename = wheel.get("name") or unquote(url.rsplit("/", 1)[-1])
+            try:
+                tags = parse_wheel_filename(filename)[3]
+            except InvalidWheelFilename:
+                continue
+            if not tags & accepted:
+                continue
+            digest = (wheel.get("hashes") or {}).get("sha256") or _wheel_file_hash(url)
+            if digest:
+                hashes.append(digest)
+        if not hashes:
+            raise UsageError(f"no wheel of {name}=={version} fits {spec.name} (cp{spec.abi[2:]}, {spec.platform})",
+                             "the images install wheels only: pin a version that publishes one")
+        out.append(LockedWheel(name, version, tuple(sorted(set(hashes)))))
+    return sorted(out, key=lambda w: w.name)
 
 
-def resolve(name: str, requirements: Sequence[str], pip_args: Sequence[str] = (),
-            python: str = sys.executable, skipped: Sequence[str] = ()) -> list[LockedWheel]:
-    """Resolve ``requirements`` for the flavour's platform with pip and return the wheels it picks.
+def resolve(spec: LockSpec, pyproject: Path, index_args: Sequence[str] = (), skip_torch: bool = False) -> list[LockedWheel]:
+    """Resolve pyproject's requirements for the image with ``uv pip compile``; nothing is installed.
 
-    pip's own resolver and index configuration do the work (``--dry-run --report``); nothing is
-    installed. ``pip_args`` pass through (``--index-url``, ``--extra-index-url``, ``--find-links``).
+    ``index_args`` pass through (``--index-url``, ``--extra-index-url``, ``--find-links``,
+    ``--no-index``). Where the base provides torch, or ``skip_torch``, torch is excluded from the
+    resolution, so nothing that only torch needs is locked.
     """
-    fl = flavour(name)
     with tempfile.TemporaryDirectory(prefix="capture-lock-") as tmp:
-        req_file = Path(tmp, "requirements.in")
-        req_file.write_text("\n".join(requirements) + "\n", encoding="utf-8")
-        report = Path(tmp, "report.json")
-        cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
-               "--target", str(Path(tmp, "target")), "--report", str(report),
-               *fl.pip_target_args(), *pip_args, "-r", str(req_file)]
-        sys.stderr.write(f"resolving {len(requirements)} requirements for {name} "
-                         f"(cp{fl.abi[2:]}, {fl.platform}) with pip...\n")
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env=environ_without_pip_target())
+        out = Path(tmp, "pylock.toml")
+        cmd = [uv_binary(), "pip", "compile", str(pyproject), "--quiet", "--no-header",
+               "--python-version", spec.python_version, "--python-platform", spec.uv_platform,
+               "--only-binary", ":all:", "--format", "pylock.toml", "-o", str(out),
+               *[arg for e in spec.extras for arg in ("--extra", e)], *index_args]
+        if spec.base_provides_torch or skip_torch:
+            Path(tmp, "excludes.txt").write_text("torch\n", encoding="utf-8")
+            cmd += ["--excludes", str(Path(tmp, "excludes.txt"))]
+        else:
+            Path(tmp, "overrides.txt").write_text(f"{spec.torch}\n", encoding="utf-8")
+            cmd += ["--overrides", str(Path(tmp, "overrides.txt"))]
+        sys.stderr.write(f"resolving pyproject.toml [{', '.join(spec.extras)}] for the {spec.name} lock "
+                         f"(cp{spec.abi[2:]}, {spec.platform}) with uv...\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+        env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or str(Path(tempfile.gettempdir(), "capture-uv-cache"))
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
-            reason = errors[0] if errors else (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise UsageError(f"pip could not resolve the {name} lock: {reason}",
-                             "a wheel may live on another index: pass --extra-index-url URL or "
-                             "--find-links DIR, or --skip NAME to leave it out as missing")
-        data = json.loads(report.read_text(encoding="utf-8"))
-    items = data.get("install", [])
-    if skipped:
-        # Another package may pull a skipped one in from the default index (peft needs torch, and
-        # PyPI's torch is the CUDA build): keep only what the kept requirements need without it.
-        drop = {canonicalize_name(Requirement(r).name) for r in skipped}
-        kept = [i for i in items if canonicalize_name(i["metadata"]["name"]) not in drop]
-        needed = _needed(kept, requirements, fl)
-        items = [i for i in kept if canonicalize_name(i["metadata"]["name"]) in needed]
-    wheels = []
-    for item in items:
-        meta = item.get("metadata") or {}
-        wheels.append(LockedWheel(canonicalize_name(meta["name"]), meta["version"], _wheel_hash(item)))
-    return sorted(wheels, key=lambda w: w.name)
+            lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+            reason = next((ln for ln in lines if "no version" in ln.lower() or "not found" in ln.lower()),
+                          lines[-1] if lines else "uv failed")
+            raise UsageError(f"uv could not resolve the {spec.name} lock: {reason.lstrip('╰─▶ ')}",
+                             "a wheel may live on another index: pass --extra-index-url URL or --find-links DIR, "
+                             "or --skip torch to leave torch out as missing")
+        data = tomllib.loads(out.read_text(encoding="utf-8"))
+    return wheels_from_pylock(spec, data)
 
 
-def render(name: str, wheels: Sequence[LockedWheel], skipped: Sequence[str], input_data: bytes,
-           skip_reason: str = "not resolved where this lock was made", input_name: str | None = None) -> bytes:
-    fl = flavour(name)
+def render(spec: LockSpec, wheels: Sequence[LockedWheel], project: dict, missing: Sequence[str] = ()) -> bytes:
+    torch = spec.torch or "from the base image (excluded)"
     lines = [
-        f"# capture image lock: {name}",
-        f"# for {fl.base_python}: python {fl.python_version} ({fl.abi}), glibc {fl.glibc[0]}.{fl.glibc[1]} ({fl.platform} and older)",
-        f"# input: {input_name or name + '.in'} sha256:{hashlib.sha256(input_data).hexdigest()}",
-        f"# regenerate: capture image lock {name}",
+        f"# capture image lock: {spec.name}",
+        f"# for {spec.base_python}: python {spec.python_version} ({spec.abi}), glibc {spec.glibc[0]}.{spec.glibc[1]} "
+        f"({spec.platform} and older)",
+        f"# pyproject: dependencies + [{', '.join(spec.extras)}], torch {torch} sha256:{source_digest(spec, project)}",
+        f"# regenerate: capture image lock {spec.name} (uv pip compile; see docs/images.md)",
     ]
-    lines += [f"{_MISSING}{req} ({skip_reason})" for req in skipped]
+    lines += [f"{_MISSING}{req}" for req in missing]
     lines += [w.line() for w in wheels]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def generate(name: str, pip_args: Sequence[str] = (), skip: Sequence[str] = (),
-             out: Path | None = None, skip_reason: str | None = None, input_file: Path | None = None) -> Lock:
-    """Regenerate a flavour's lock from its pinned input and write it atomically."""
-    requirements, skipped, input_data = _read_input(name, skip, input_file)
-    wheels = resolve(name, requirements, pip_args, skipped=skipped)
-    data = render(name, wheels, skipped, input_data, skip_reason or "not resolved where this lock was made",
-                  input_name=Path(input_file).name if input_file else f"{name}.in")
+def generate(name: str, pyproject: Path, index_args: Sequence[str] = (), skip_torch: bool = False,
+             skip_reason: str = "its wheel index was not reachable where this lock was made",
+             out: Path | None = None) -> Lock:
+    """Regenerate a lock from ``pyproject.toml`` and write it atomically."""
+    spec = flavour(name)
+    if skip_torch and spec.base_provides_torch:
+        raise UsageError(f"--skip torch: the {name} lock takes torch from the base image already",
+                         "skip torch only for a lock that pins a torch build")
+    project = read_pyproject(pyproject)
+    wheels = resolve(spec, pyproject, index_args, skip_torch=skip_torch)
+    missing = [f"{spec.torch} ({skip_reason})"] if skip_torch else []
+    data = render(spec, wheels, project, missing)
     path = Path(out) if out else lock_path(name)
     atomic_write(path, data)
     return parse_lock(data, path, name)
-
-
-def input_pins(name: str) -> dict[str, str]:
-    """Top-level ``name -> version`` of a flavour's pinned input (for tests and the README)."""
-    out = {}
-    for line in _read_input(name, ())[0]:
-        req = Requirement(line)
-        out[canonicalize_name(req.name)] = next(iter(req.specifier)).version
-    return out
 
 
 def environ_without_pip_target() -> dict[str, str]:

@@ -4,7 +4,13 @@
   a tag that moved, or one that would be pulled, can never stand in silently.
 - ``network_mode="none"``: the trial reads models and datasets from the mounted HF cache only.
 - The HF cache is mounted read-only, the output folder read-write; the container runs as the
-  calling user so what it writes there belongs to them.
+  calling user so what it writes there belongs to them. Every mount source is checked first
+  (:mod:`capture.image.mounts`: no root, home or system folder, no socket or device, ``--out``
+  and ``--cache`` disjoint, key files regular files).
+- The code (``--code DIR``, default the git work tree of the current folder) is mounted
+  read-only at the same path as on the host, with its git folders (a linked worktree's common
+  folder too), and is the container's working folder: the code probe inside sees what it sees
+  outside, so ``code.*`` agrees.
 - GPUs are requested the way each vendor's runtime expects: NVIDIA through a device request
   (the NVIDIA Container Toolkit), AMD by passing /dev/kfd and /dev/dri with the groups that own
   them and ``seccomp=unconfined`` (ROCm's documented container settings).
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from capture._atomic import atomic_write
 from capture.errors import DockerUnavailable, UsageError
-from capture.image import LABEL_FLAVOUR, _short, docker_client
+from capture.image import LABEL_FLAVOUR, _short, docker_client, mounts
 
 ENV_IMAGE_ID = "CAPTURE_IMAGE_ID"
 ENV_IMAGE_REF = "CAPTURE_IMAGE_REF"
@@ -60,6 +67,13 @@ class RunSpec:
     key_file: Path | None = None
     allowed_signers: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    code_dir: Path | None = None
+    """Mounted read-only at the same path, and the working folder."""
+    git_dirs: tuple[Path, ...] = ()
+    """Git folders outside ``code_dir`` that its git state lives in (a linked worktree's), read-only."""
+    key_pub: Path | None = None
+    creates: tuple[str, ...] = ()
+    """What a real run creates before starting (shown by ``--dry-run``, which creates nothing)."""
 
     def environment(self) -> dict[str, str]:
         env = {
@@ -82,14 +96,21 @@ class RunSpec:
         vols = {str(self.out_dir): {"bind": OUT_MOUNT, "mode": "rw"}}
         if self.cache_dir is not None:
             vols[str(self.cache_dir)] = {"bind": CACHE_MOUNT, "mode": "ro"}
+        if self.code_dir is not None:
+            vols[str(self.code_dir)] = {"bind": str(self.code_dir), "mode": "ro"}
+            for g in self.git_dirs:
+                vols[str(g)] = {"bind": str(g), "mode": "ro"}
         if self.key_file is not None:
             vols[str(self.key_file)] = {"bind": KEY_MOUNT, "mode": "ro"}
-            pub = Path(f"{self.key_file}.pub")
-            if pub.is_file():  # the principal defaults to the public key's comment
-                vols[str(pub)] = {"bind": KEY_MOUNT + ".pub", "mode": "ro"}
+            if self.key_pub is not None:  # the principal defaults to the public key's comment
+                vols[str(self.key_pub)] = {"bind": KEY_MOUNT + ".pub", "mode": "ro"}
         if self.allowed_signers is not None:
             vols[str(self.allowed_signers)] = {"bind": SIGNERS_MOUNT, "mode": "ro"}
         return vols
+
+    def mounts(self) -> list[dict[str, str]]:
+        """Every mount, as ``--dry-run`` shows it."""
+        return [{"source": src, "target": v["bind"], "mode": v["mode"]} for src, v in self.volumes().items()]
 
     def gpu_options(self) -> dict[str, Any]:
         """The create() keyword arguments that give the container its GPUs."""
@@ -119,6 +140,7 @@ class RunSpec:
             "volumes": self.volumes(),
             "network_mode": "none",
             "user": self.user,
+            **({"working_dir": str(self.code_dir)} if self.code_dir is not None else {}),
             "detach": True,
             **self.gpu_options(),
         }
@@ -154,14 +176,52 @@ def resolve_image(client: Any, ref: str) -> tuple[str, dict[str, str]]:
     return attrs["Id"], dict((attrs.get("Config") or {}).get("Labels") or {})
 
 
-def plan(client: Any, image: str, command: Sequence[str], out_dir: Path, *, cache_dir: Path | None = None,
+def code_mounts(code: Path | str) -> tuple[Path, tuple[Path, ...]]:
+    """(the code folder, the git folders outside it that hold its git state), resolved and checked."""
+    real = mounts.folder("--code", code, must_exist=True, inside_system=True)
+    extra: list[Path] = []
+    try:
+        out = subprocess.run(["git", "-C", str(real), "rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return real, ()
+    if out.returncode == 0:
+        for line in out.stdout.splitlines():
+            g = mounts.resolved(line.strip())
+            if line.strip() and not (g == real or real in g.parents) and g not in extra:
+                extra.append(mounts.folder("--code (its git folder)", g, must_exist=True, inside_system=True))
+    # Keep only the outermost folders (a worktree's git dir lies inside the common dir).
+    outer = tuple(g for g in extra if not any(o != g and o in g.parents for o in extra))
+    return real, outer
+
+
+def default_code() -> Path | None:
+    """The git work tree of the current folder; None outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def plan(client: Any | None, image: str, command: Sequence[str], out_dir: Path, *, cache_dir: Path | None = None,
          gpus: str | None = None, vendor: str | None = None, key_file: Path | None = None,
-         allowed_signers: Path | None = None) -> RunSpec:
-    """Check the inputs and decide the run; creates ``out_dir`` (nothing else happens yet)."""
+         allowed_signers: Path | None = None, code_dir: Path | None = None,
+         creates: Sequence[str] = ()) -> RunSpec:
+    """Check the inputs and decide the run; creates nothing (:func:`execute` creates ``out_dir``)."""
     if not command:
         raise UsageError("nothing to run in the container",
                          "put the capture command after `--`, e.g. `capture run --image REF -- trial --example tiny`")
-    image_id, labels = resolve_image(client, image)
+    out = mounts.folder("--out", out_dir, must_exist=False)
+    cache = mounts.folder("--cache", cache_dir, must_exist=True) if cache_dir is not None else None
+    mounts.disjoint(out, cache)
+    key = mounts.regular_file("--key", key_file) if key_file is not None else None
+    pub = None
+    if key is not None and os.path.lexists(f"{key_file}.pub"):
+        pub = mounts.regular_file("--key (its .pub)", f"{key_file}.pub")
+    signers = mounts.regular_file("--allowed-signers", allowed_signers) if allowed_signers is not None else None
+    code, git_dirs = code_mounts(code_dir) if code_dir is not None else (None, ())
+    image_id, labels = resolve_image(client or docker_client(), image)
     if gpus:
         flavour = labels.get(LABEL_FLAVOUR)
         vendor = vendor or VENDORS.get(flavour or "")
@@ -173,20 +233,12 @@ def plan(client: Any, image: str, command: Sequence[str], out_dir: Path, *, cach
             if absent:
                 raise DockerUnavailable(f"--gpus {gpus}: {absent[0]} does not exist, so no AMD GPU can be passed in",
                                         "load the amdgpu kernel driver (ROCm's amdgpu-dkms) on this host")
-    for flag, path in (("--cache", cache_dir), ("--key", key_file), ("--allowed-signers", allowed_signers)):
-        if path is not None and not Path(path).exists():
-            raise UsageError(f"{flag} {path}: no such file or folder", "check the path")
-    out_dir = Path(out_dir).resolve()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {out_dir}: cannot create ({exc.strerror})", "choose a folder you can write") from None
+    made = [*creates] + ([] if out.is_dir() else [f"folder {out}"])
     return RunSpec(
-        image_id=image_id, image_ref=image, labels=labels, command=tuple(command), out_dir=out_dir,
-        cache_dir=Path(cache_dir).resolve() if cache_dir else None, gpus=gpus, vendor=vendor if gpus else None,
-        user=f"{os.getuid()}:{os.getgid()}",
-        key_file=Path(key_file).resolve() if key_file else None,
-        allowed_signers=Path(allowed_signers).resolve() if allowed_signers else None,
+        image_id=image_id, image_ref=image, labels=labels, command=tuple(command), out_dir=out,
+        cache_dir=cache, gpus=gpus, vendor=vendor if gpus else None,
+        user=f"{os.getuid()}:{os.getgid()}", key_file=key, key_pub=pub, allowed_signers=signers,
+        code_dir=code, git_dirs=git_dirs, creates=tuple(made),
     )
 
 
@@ -206,6 +258,10 @@ def execute(client: Any, spec: RunSpec, stdout: Any = None, stderr: Any = None) 
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
+    try:
+        spec.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {spec.out_dir}: cannot create ({exc.strerror})", "choose a folder you can write") from None
     try:
         container = client.containers.create(**spec.create_kwargs())
     except APIError as exc:
@@ -244,8 +300,8 @@ def execute(client: Any, spec: RunSpec, stdout: Any = None, stderr: Any = None) 
 
 def run(image: str, command: Sequence[str], out_dir: Path, *, cache_dir: Path | None = None, gpus: str | None = None,
         vendor: str | None = None, key_file: Path | None = None, allowed_signers: Path | None = None,
-        client: Any = None) -> int:
+        code_dir: Path | None = None, client: Any = None) -> int:
     client = client or docker_client()
     spec = plan(client, image, command, out_dir, cache_dir=cache_dir, gpus=gpus, vendor=vendor,
-                key_file=key_file, allowed_signers=allowed_signers)
+                key_file=key_file, allowed_signers=allowed_signers, code_dir=code_dir)
     return execute(client, spec)

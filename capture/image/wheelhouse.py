@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 from packaging.version import Version
 
 from capture.errors import UsageError
@@ -68,7 +72,7 @@ def locate(lock: locks.Lock, dest: Path) -> tuple[list[Path], list[str]]:
     found, missing = [], []
     for wheel in lock.wheels:
         match = next((f for f in by_key.get((wheel.name, Version(wheel.version)), [])
-                      if _sha256(f) == wheel.sha256), None)
+                      if _sha256(f) in wheel.hashes), None)
         if match is None:
             missing.append(f"{wheel.name}=={wheel.version}")
         else:
