@@ -165,3 +165,21 @@ def test_recovery_determinism_and_checkpoint_format_keys():
     assert (c.checkpoint.format, c.checkpoint.copy_to) == ("dcp-async", "out")
     assert _cfg(BASE + '[trial.recovery]\ndeterministic = "auto"\n').recovery.deterministic is None
     assert c.with_overrides(recovery_deterministic=True).recovery.deterministic is True
+
+
+def test_hostile_config_files_are_refused_with_one_line(tmp_path):
+    # a FIFO would block, /dev/zero would fill memory, deep nesting would overflow the parser's stack
+    import os
+
+    from capture.errors import ConfigError
+    from capture.trial.config import load_config
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.toml"
+    zero.symlink_to("/dev/zero")
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[trial]\nx = " + "[" * 3000 + "]" * 3000 + "\n")
+    for path, match in ((fifo, "not a regular file"), (zero, "not a regular file"), (deep, "nested too deeply")):
+        with pytest.raises(ConfigError, match=match):
+            load_config(path)

@@ -138,10 +138,6 @@ def cmd_trial(args: argparse.Namespace) -> int:
     outcome = run_trial(config, opts, timer)
     if outcome.terminal:
         sys.stdout.write(outcome.terminal if outcome.terminal.endswith("\n") else outcome.terminal + "\n")
-    if "scaling" in outcome.manifest and not args.no_report:
-        from capture.trial.scaling import render_scaling
-
-        sys.stdout.write(render_scaling(outcome.manifest["scaling"]).rstrip("\n") + "\n")
     if outcome.html is not None:
         sys.stderr.write(f"capture: report {outcome.html}\n")
     fit = outcome.manifest.get("trial", {}).get("fit", {})

@@ -144,7 +144,7 @@ def _pull_default(client: Any, ref: str) -> None:
 
 def git_identity(root: Path) -> tuple[str, str]:
     """(source URL with credentials removed, revision) of the checkout; ``unknown`` outside git."""
-    from capture.probes.packages import strip_url_credentials
+    from capture.redact import redact_url
 
     def git(*args: str) -> str | None:
         try:
@@ -157,7 +157,7 @@ def git_identity(root: Path) -> tuple[str, str]:
     if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
         revision += "-dirty"
     source = git("remote", "get-url", "origin")
-    return (strip_url_credentials(source) if source else "unknown"), revision
+    return (redact_url(source) if source else "unknown"), revision
 
 
 def source_date_epoch(root: Path) -> int:

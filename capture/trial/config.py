@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 from capture.redact import redact_text, redact_value, toml_without_comments
 
@@ -369,6 +370,8 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a trial config", hint) from None
     extra = [k for k in doc if k != "trial"]
     if extra:
         near = difflib.get_close_matches(extra[0], ["trial"], n=1)
@@ -518,7 +521,7 @@ def load_config(path: str | Path) -> TrialConfig:
     """Read and check a trial config file."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, CONFIG_MAX_BYTES, ConfigError, "trial config")  # no FIFO, device or huge file
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file", "name a trial config .toml, or run `capture trial --example tiny`") from None
     except IsADirectoryError:

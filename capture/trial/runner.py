@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from capture.fmt import bytes_str
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
@@ -138,10 +139,6 @@ def _quiet_libraries() -> None:
     for mod in ("transformers", "peft", "torch"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
         warnings.filterwarnings("ignore", category=UserWarning, module=mod)
-
-
-def _gib(n: int | float | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None = None,
@@ -240,8 +237,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                                micro_batch=config.batch.micro_batch_size, seq_len=config.batch.max_seq_len,
                                device_type=device.type, framework_overhead_bytes=overhead,
                                framework_overhead_source=overhead_src)
-            say(f"memory estimate before running: {_gib(est.total_bytes)} "
-                + ", ".join(f"{t.name} {_gib(t.bytes)}" for t in est.terms))
+            say(f"memory estimate before running: {bytes_str(est.total_bytes)} "
+                + ", ".join(f"{t.name} {bytes_str(t.bytes)}" for t in est.terms))
 
             w, n = config.warmup_steps, config.measured_steps
             say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
@@ -285,7 +282,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         fit = _fit_table(oom, failed_at, trial.get("memory", {}).get("measured"), opts, dm, catalog, tested_card)
         if opts.find_max_batch:
             limit, limit_src = _limit(opts, dm)
-            say(f"searching the largest micro-batch within {_gib(limit)} with {opts.headroom:.0%} headroom")
+            say(f"searching the largest micro-batch within {bytes_str(limit)} with {opts.headroom:.0%} headroom")
             with timer.phase("fit_search"):
                 fit["search"] = find_max_batch(config, device, limit, limit_src, opts.headroom, opts.max_batch,
                                                progress=say, memory=dm)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from capture._atomic import atomic_write
+from capture.fmt import bytes_str
 from capture.errors import CaptureError, ConfigError, UsageError
 from capture.trial.scaling_args import STRATEGIES, ScalingOptions
 
@@ -177,15 +178,6 @@ def union_seconds(intervals_us: Sequence[tuple[float, float]]) -> float:
 # --------------------------------------------------------------------------- reading
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def _better(a: float, b: float, higher_is_better: bool) -> int:
     """1 when a wins, -1 when b wins, 0 for a tie (within :data:`TIE_FRACTION`)."""
     if max(abs(a), abs(b)) == 0 or abs(a - b) <= TIE_FRACTION * max(abs(a), abs(b)):
@@ -204,14 +196,14 @@ def reading(table: Mapping[str, Any]) -> str:
         eff = s.get("efficiency")
         eff_txt = f", efficiency {eff:.2f}" if isinstance(eff, (int, float)) else ""
         return (f"only {done[0].upper()} was measured ({s['throughput_tokens_per_s']:.0f} tokens/s on {n} ranks{eff_txt}, "
-                f"{_fmt_bytes(s.get('peak_memory_per_rank_bytes'))} per rank); run --strategy both to compare")
+                f"{bytes_str(s.get('peak_memory_per_rank_bytes'))} per rank); run --strategy both to compare")
     d, f = table["ddp"], table["fsdp"]
     thr = _better(d["throughput_tokens_per_s"], f["throughput_tokens_per_s"], True)
     dm, fm = d.get("peak_memory_per_rank_bytes"), f.get("peak_memory_per_rank_bytes")
     mem = _better(dm, fm, False) if dm is not None and fm is not None else 0
     thr_txt = (f"{d['throughput_tokens_per_s']:.0f} vs {f['throughput_tokens_per_s']:.0f} tokens/s, "
                f"efficiency {d.get('efficiency', float('nan')):.2f} vs {f.get('efficiency', float('nan')):.2f}")
-    mem_txt = f"{_fmt_bytes(dm)} vs {_fmt_bytes(fm)} peak per rank"
+    mem_txt = f"{bytes_str(dm)} vs {bytes_str(fm)} peak per rank"
     name = {1: "DDP", -1: "FSDP"}
     if thr and thr == mem:
         line = f"choose {name[thr]} for throughput and for memory ({thr_txt}; {mem_txt}, DDP vs FSDP)"
@@ -258,7 +250,7 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
         if key == "slowest":
             return "-" if col == "baseline" else str(s.get("slowest_rank", "-"))
         if key == "memory":
-            return _fmt_bytes(s.get("peak_memory_per_rank_bytes")) if s.get("peak_memory_per_rank_bytes") is not None else "-"
+            return bytes_str(s.get("peak_memory_per_rank_bytes")) if s.get("peak_memory_per_rank_bytes") is not None else "-"
         if key == "comm":
             share = s.get("comm_share")
             return f"{share:.1%}" if isinstance(share, float) else ("-" if col == "baseline" else "n/a")

@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -181,14 +180,11 @@ def _documents_from_files(root: Path, patterns: tuple[str, ...], text_field: str
     return docs, listing
 
 
-def hf_cache_dir() -> str | None:
+def hf_cache_dir() -> str:
     """The hub cache the user chose (read at call time, so --hf-cache and tests take effect)."""
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            return os.environ[name]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return None
+    from capture.paths import hub_cache_dir
+
+    return str(hub_cache_dir())
 
 
 def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: str) -> Path:
