@@ -97,6 +97,11 @@ def test_wandb_offline_run_holds_the_artifact_and_scalars(recorded, tmp_path, mo
     rec, out, _ = recorded
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "300")  # a loaded machine starts wandb's service slowly
+    import wandb
+
+    if wandb.run is not None:  # a run left by another test would take our figures and stay unfinished
+        wandb.finish()
     tracker = WandB(init={"project": "capture-test", "dir": str(tmp_path)})
     tracker.log(out, rec.trial_table())
     log = next(Path(tracker.run_dir).glob("run-*.wandb"))
