@@ -21,6 +21,7 @@ ALLOWED_TOML_LOADS = {
     "trial/config.py": "trial configs (not manifests)",
     "trial/fit.py": "the accelerator catalog (not manifests)",
     "redact.py": "trial configs, to record them without comments (not manifests)",
+    "image/locks.py": "pyproject.toml and uv's pylock output (not manifests)",
     "preflight/catalog.py": "the preflight figures per SKU (not manifests)",
     "results/pin.py": ".capture/results.toml (layout setting, not a manifest)",
 }
@@ -79,7 +80,7 @@ def _imports(rel: str, tree: ast.Module) -> set[str]:
     return out
 
 
-def test_no_import_circle_in_the_verify_and_signing_wings():
+def test_no_import_circle_in_the_package():  # module-level imports; a deferred import is no circle
     mods = {"capture." + rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__"): _imports(rel, t)
             for rel, t in _modules()}
     graph = {m: {d for d in deps if d in mods and d != m} for m, deps in mods.items()}
@@ -96,12 +97,11 @@ def test_no_import_circle_in_the_verify_and_signing_wings():
         state[node] = 2
 
     for m in sorted(graph):
-        if m not in state and (m.startswith("capture.verify") or m.startswith("capture.signing")
-                               or m in ("capture.manifest", "capture.schema", "capture._safe_read")):
+        if m not in state:
             visit(m, [m])
     assert cycles == []
 
 
-def test_no_file_over_600_lines_in_the_verify_wing():
-    for p in (PACKAGE / "verify").glob("*.py"):
+def test_no_file_over_600_lines_in_the_package():
+    for p in PACKAGE.rglob("*.py"):
         assert len(p.read_text().splitlines()) < 600, p

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capture.errors import PreflightFailed, UsageError
-from capture.preflight import perf
+import capture.preflight.perf as perf
 from capture.preflight.allreduce import TIMEOUT_S, run_allreduce
 from capture.preflight.catalog import (
     PreflightCatalog,
