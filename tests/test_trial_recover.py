@@ -3,7 +3,7 @@ continue bit-exactly (or within the run-to-run band when the step itself is not 
 
 Everything here is real: a small GPT-2 (dropout on) built by capture.trial.workload, trained on
 the CPU with torch, checkpointed with torch.save and restored by `python -m
-capture.trial.recover_worker` in a new process. The nondeterministic step is planted for real
+capture.trial._recover_worker` in a new process. The nondeterministic step is planted for real
 too: a sitecustomize module, on the workers' PYTHONPATH, adds noise from an OS-seeded generator
 after every optimizer step, in the parent and in the fresh processes alike. The H200 reading this guards against is
 tests/fixtures/h200/probe.json `resume_losses`: without the CUDA RNG state the run diverged at

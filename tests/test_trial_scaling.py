@@ -189,7 +189,7 @@ def test_single_node_launch_is_standalone_torchrun(tmp_path: Path):
     cmd = scaling.launch_command(_args("--nproc", "2"), tmp_path / "job.json")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and "--standalone" in cmd
-    assert cmd[-3:] == ["-m", "capture.trial.dist_worker", str(tmp_path / "job.json")]
+    assert cmd[-3:] == ["-m", "capture.trial._dist_worker", str(tmp_path / "job.json")]
 
 
 def test_two_node_rendezvous_flags_pass_through(tmp_path: Path):
@@ -271,7 +271,7 @@ def test_launch_timeout_stops_the_whole_process_group(tmp_path: Path):
 
 
 def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
-    from capture.trial.dist_worker import cpu_ranges, numa_nodes_of, parse_cpulist
+    from capture.trial._dist_worker import cpu_ranges, numa_nodes_of, parse_cpulist
 
     assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert cpu_ranges({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
@@ -288,7 +288,7 @@ def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
 def test_sharded_loader_ranks_together_read_the_baselines_sequences():
     import torch
 
-    from capture.trial.dist_worker import Feed, ShardedLoader
+    from capture.trial._dist_worker import Feed, ShardedLoader
     from capture.trial.workload import PackedLoader, PackedTokens
 
     source = PackedTokens(torch.arange(50 * 4).view(50, 4))

@@ -1,6 +1,6 @@
 """All-reduce bus bandwidth across real processes: NCCL/RCCL on GPUs, gloo on CPUs.
 
-One worker process per rank (``python -m capture.preflight.allreduce_worker``), joined through a
+One worker process per rank (``python -m capture.preflight._allreduce_worker``), joined through a
 file rendezvous in a temporary folder, so nothing listens on the network. Bus bandwidth follows
 nccl-tests (doc/PERFORMANCE.md): ``algbw = bytes / time`` and, for all-reduce,
 ``busbw = algbw · 2(n−1)/n``, the figure comparable to the link's own bandwidth whatever ``n``.
@@ -55,7 +55,7 @@ def run_allreduce(world_size: int, backend: str, nbytes: int, iterations: int, t
         procs = []
         for rank in range(world_size):
             out = Path(tmp) / f"rank{rank}.json"
-            cmd = [sys.executable, "-m", "capture.preflight.allreduce_worker", "--rank", str(rank), "--world", str(world_size),
+            cmd = [sys.executable, "-m", "capture.preflight._allreduce_worker", "--rank", str(rank), "--world", str(world_size),
                    "--backend", backend, "--init", f"file://{tmp}/rendezvous", "--bytes", str(nbytes),
                    "--iters", str(iterations), "--out", str(out)]
             procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), out))

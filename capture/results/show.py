@@ -90,17 +90,14 @@ def render(shown: Shown) -> str:
 
 
 def _trial_report(data: dict[str, Any], s: RunSummary, signature: str | None = None) -> str:
+    from capture.trial.report import render_terminal
+
     try:
-        from capture.trial.report import render_terminal
-    except ImportError:
-        render_terminal = None
-    if render_terminal is not None:
-        try:
-            return printable_lines(render_terminal(data, signature=signature).rstrip())
-        except Exception as exc:  # a manifest from another version must still be viewable
-            log.warning("the trial report could not render this manifest (%s); showing the key figures only",
-                        type(exc).__name__)
-            log.debug("trial report failure", exc_info=True)
+        return printable_lines(render_terminal(data, signature=signature).rstrip())
+    except Exception as exc:  # a manifest from another version must still be viewable
+        log.warning("the trial report could not render this manifest (%s); showing the key figures only",
+                    type(exc).__name__)
+        log.debug("trial report failure", exc_info=True)
     f = s.figures
     return "trial\n" + "\n".join("  " + line for line in _kv([
         ("tokens/s", number_str(f.tokens_per_s)),

@@ -7,7 +7,7 @@ A successful save proves nothing. This stage:
    ``random``, numpy, torch CPU and every CUDA/ROCm device, the data-loader position) in the
    format the config names (capture.trial.checkpoint_io), and hashing every component of what
    it saved (capture.trial.state.component_hashes);
-2. restores that checkpoint in a fresh interpreter (``python -m capture.trial.recover_worker``)
+2. restores that checkpoint in a fresh interpreter (``python -m capture.trial._recover_worker``)
    and, **before any step**, hashes every restored component and compares it with what was
    saved: the headline of the stage, independent of kernel determinism. A checkpoint that lacks
    a part is caught here and no step is run;
@@ -52,7 +52,7 @@ from capture.trial.state import COMPONENTS, device_type
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "capture.trial.recover_worker"
+WORKER_MODULE = "capture.trial._recover_worker"
 BIT_EXACT = "bit-exact"
 BAND_MARGIN = 10.0
 """A difference is inside the run-to-run band when at most BAND_MARGIN × the band (the band is
@@ -292,11 +292,11 @@ class WorkerFailed(Exception):
 
 
 class Worker:
-    """One fresh interpreter (``python -m capture.trial.recover_worker``), driven over stdin.
+    """One fresh interpreter (``python -m capture.trial._recover_worker``), driven over stdin.
 
     It is started early with only the setup (config, device, settings), so its imports overlap
     with other work; it sees no training state until :meth:`start_job` sends the job. Two JSON
-    lines in, a result file out (see recover_worker). ``env`` is added to its environment, so it
+    lines in, a result file out (see _recover_worker). ``env`` is added to its environment, so it
     is there before the process initialises CUDA.
     """
 

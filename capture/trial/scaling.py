@@ -3,7 +3,7 @@
 ``capture trial CONFIG --nproc N --strategy ddp|fsdp|both`` launches the trial through PyTorch's
 own launcher (``python -m torch.distributed.run``, i.e. torchrun); several nodes join through
 torchrun's rendezvous options, passed through unchanged. Every rank runs
-:mod:`capture.trial.dist_worker`. In one launch, global rank 0 first measures the single-device
+:mod:`capture.trial._dist_worker`. In one launch, global rank 0 first measures the single-device
 baseline alone (one process, the same global batch), then all ranks measure each strategy and,
 when recovery is on, run the uninterrupted reference that saves a distributed checkpoint. A
 second launch (fresh processes) restores that checkpoint and continues; the losses step by step
@@ -39,7 +39,7 @@ from capture.trial.scaling_text import TIE_FRACTION, reading, render_scaling  # 
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "capture.trial.dist_worker"
+WORKER_MODULE = "capture.trial._dist_worker"
 LAUNCHER = "torch.distributed.run"
 
 # NVLink SHARP / multicast objects are a shared-host hazard (the GPU machines this project runs on
@@ -177,7 +177,7 @@ def union_seconds(intervals_us: Sequence[tuple[float, float]]) -> float:
 
 
 def launch_command(args: ScalingOptions, job_path: Path, rdzv_suffix: str = "") -> list[str]:
-    """``python -m torch.distributed.run <rendezvous> -m capture.trial.dist_worker JOB``."""
+    """``python -m torch.distributed.run <rendezvous> -m capture.trial._dist_worker JOB``."""
     nnodes = args.nnodes
     cmd = [sys.executable, "-m", LAUNCHER, "--nproc-per-node", str(args.nproc), "--max-restarts", "0"]
     if nnodes == 1 and not args.explicit_rendezvous:

@@ -1,4 +1,4 @@
-"""The fresh processes of the recoverability stage: ``python -m capture.trial.recover_worker``.
+"""The fresh processes of the recoverability stage: ``python -m capture.trial._recover_worker``.
 
 Started by :class:`capture.trial.recover.Worker`, it reads two JSON lines on stdin:
 

@@ -1,5 +1,5 @@
 """One rank of the scaling step, started by torchrun:
-``python -m torch.distributed.run ... -m capture.trial.dist_worker JOB.json``.
+``python -m torch.distributed.run ... -m capture.trial._dist_worker JOB.json``.
 
 The job (written by :func:`capture.trial.scaling.run_scaling`; the format is internal to that
 pair) names a phase. ``measure``: global rank 0 measures the single-device baseline alone while
@@ -522,7 +522,7 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or "RANK" not in os.environ:
-        sys.stderr.write("usage: python -m torch.distributed.run ... -m capture.trial.dist_worker JOB.json\n")
+        sys.stderr.write("usage: python -m torch.distributed.run ... -m capture.trial._dist_worker JOB.json\n")
         return 2
     job = json.loads(Path(argv[0]).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

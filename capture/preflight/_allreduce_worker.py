@@ -8,7 +8,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="capture.preflight.allreduce_worker")
+    p = argparse.ArgumentParser(prog="capture.preflight._allreduce_worker")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--backend", choices=("nccl", "gloo"), required=True)
