@@ -162,3 +162,20 @@ def test_a_change_within_the_runs_noise_is_not_called_better(tmp_path, keys, cap
     assert "B: step-time CV 8.0 % is high (above 5 %)" in out
     tok = next(line for line in out.splitlines() if line.strip().startswith("tokens/s"))
     assert tok.rstrip().endswith("within noise")
+
+
+def test_compare_shows_preflight_figures_side_by_side():
+    # the two committed H200 preflight runs (--quick, then --full): every check aligned by name and device
+    from pathlib import Path
+
+    from capture.results.compare import compare_files, render
+
+    folder = Path(__file__).resolve().parent.parent / "manifests"
+    quick, full = (folder / "nvidia-h200-x1" / "2026-12-02" / f"{cid}.toml" for cid in ("ebe1678e8e9f", "e09239ef73d8"))
+    c = compare_files(str(quick), str(full), folder / "allowed_signers")
+    gemm = next(r for r in c.preflight if r["name"] == "gemm_bf16")
+    assert gemm["device"] == 0 and gemm["unit"] == "TFLOP/s" and gemm["verdict_a"] == gemm["verdict_b"] == "pass"
+    assert gemm["ratio"] == pytest.approx(gemm["b"] / gemm["a"])
+    text = render(c)
+    assert "Preflight (B relative to A)" in text and "gemm_bf16 (device 0)" in text
+    assert c.to_json()["preflight"][0]["name"] == c.preflight[0]["name"]

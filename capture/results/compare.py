@@ -136,6 +136,8 @@ class Comparison:
     stack: tuple[Change, ...]
     packages: PackageChanges
     figures: tuple[FigureChange, ...]
+    preflight: tuple[dict[str, Any], ...] = ()
+    """The two manifests' preflight checks aligned (capture.preflight.report.preflight_rows)."""
 
     def to_json(self) -> dict[str, Any]:
         def side(s: Side) -> dict[str, Any]:
@@ -149,6 +151,7 @@ class Comparison:
                 "changed": [{"name": n, "a": x, "b": y} for n, x, y in self.packages.changed],
             },
             "figures": [asdict(f) for f in self.figures],
+            "preflight": list(self.preflight),
         }
 
 
@@ -240,7 +243,10 @@ def compare_files(a: str, b: str, allowed_signers: str | os.PathLike[str] | None
     side_a, da = _load(a, allowed_signers)
     side_b, db = _load(b, allowed_signers)
     stack, packages = split_differences(da, db, stack_differences(da, db))
-    return Comparison(side_a, side_b, tuple(stack), packages, tuple(figure_changes(side_a.summary, side_b.summary)))
+    from capture.preflight.report import preflight_rows
+
+    return Comparison(side_a, side_b, tuple(stack), packages, tuple(figure_changes(side_a.summary, side_b.summary)),
+                      tuple(preflight_rows(da, db)))
 
 
 def _value(v: Any, unit: str = "") -> str:
@@ -302,4 +308,11 @@ def render(c: Comparison) -> str:
             if cv is not None and cv > HIGH_CV:
                 lines.append(f"  {n}: step-time CV {cv * 100:.1f} % is high (above {HIGH_CV * 100:.0f} %): "
                              "its step time and tokens/s are noisy")
+    if c.preflight:
+        lines += ["", "Preflight (B relative to A)"]
+        rows = [[printable(str(r["name"])) + ("" if r["device"] is None else f" (device {r['device']})"),
+                 _value(r["a"], r["unit"] or ""), "->", _value(r["b"], r["unit"] or ""),
+                 f"x{r['ratio']:.2f}" if r["ratio"] is not None else "",
+                 f"{r['verdict_a'] or '-'} -> {r['verdict_b'] or '-'}"] for r in c.preflight]
+        lines.extend(_table(rows))
     return "\n".join(lines)
