@@ -43,7 +43,7 @@ def test_real_venv_matches_importlib_metadata() -> None:
     for dist in importlib.metadata.distributions():  # same order as import: first wins
         expected.setdefault(normalize_name(dist.metadata["Name"]), dist.version)
     assert {p.name: p.version for p in info.packages} == expected
-    for name in ("torch", "gitpython", "huggingface-hub", "tomli-w", "capture"):
+    for name in ("torch", "gitpython", "huggingface-hub", "tomli-w", "capture-stack"):  # this project's distribution
         assert info.get(name) is not None, name
     assert elapsed < 2.0  # tens of ms for ~60 dists even on a slow 2-core VM
 
