@@ -8,6 +8,7 @@ table: for every fact collect_env reports, the manifest field that records it.
     python benchmarks/fingerprint_vs_collect_env.py [--rounds 5] [--json OUT]
     python benchmarks/fingerprint_vs_collect_env.py --profile      # where capture's time goes
     python benchmarks/fingerprint_vs_collect_env.py --quick        # CI: one round, ratio printed, not asserted
+    python benchmarks/fingerprint_vs_collect_env.py --precompile   # first byte-compile what both import
 
 ``--profile`` adds two breakdowns, each from one fresh process: the probes run one at a time
 (serially, so their times do not overlap as they do in threads), each split into the import of
@@ -15,8 +16,12 @@ its module and its run, beside the CLI's own start-up; and the import-time tree 
 (``python -X importtime``), the 15 most expensive imports by cumulative time. Every figure is
 also printed as a share of capture's own wall time, and the headline as a ratio to the baseline.
 
-Measure with bytecode compiled (``python -m compileall -q`` of the code and its packages first):
-an interpreter run with PYTHONDONTWRITEBYTECODE=1 otherwise compiles every module on every run.
+Measure with bytecode compiled, as users run it (pip writes ``.pyc`` files on install): an
+interpreter run with PYTHONDONTWRITEBYTECODE=1 over packages installed without them compiles every
+module it imports on every run, the baseline's torch included. ``--precompile`` byte-compiles, before
+timing, every module either command imports (each command is run once in-process to find them,
+the probes in threads so that all of them import there) and pip, which collect_env runs as a
+subprocess; it prints how many files it compiled, so both figures can be told apart.
 """
 
 from __future__ import annotations
@@ -48,15 +53,32 @@ COVERAGE = {
     "Python version": ["python.version"],
     "Python platform": ["host.kernel", "host.arch"],
     "Is CUDA available": ["accelerator.count", "framework.loaded.cuda_available"],
-    "CUDA runtime version": ["framework.cuda_version", "framework.loaded.cuda_runtime_version"],
+    # collect_env reads the CUDA runtime version from `nvcc --version`, then falls back on torch's
+    "CUDA runtime version": ["toolchain.nvcc.version", "framework.cuda_version"],
     "GPU models and configuration": ["accelerator.model", "nvidia.devices", "amd.devices"],
     "Nvidia driver version": ["nvidia.driver_version", "nvidia.skipped"],
     "cuDNN version": ["framework.cudnn_version", "framework.loaded.cudnn_version"],
     "HIP runtime version": ["framework.hip_version"],
     "MIOpen runtime version": ["framework.miopen_version"],
-    "Is XNNPACK available": ["framework.loaded.xnnpack", "framework.loaded.config"],
+    "Is XNNPACK available": ["framework.xnnpack", "framework.loaded.xnnpack"],
     "CPU": ["host.cpu_model"],
     "Versions of relevant libraries": ["python.packages"],
+}
+
+
+# Facts whose value can be compared as text: collect_env's value -> the manifest field's, normalised.
+def _same_version(theirs: str, ours: object) -> bool:
+    return isinstance(ours, str) and (theirs == ours or theirs.startswith(ours) or ours.startswith(theirs))
+
+
+AGREE = {
+    "PyTorch version": _same_version,
+    "Is debug build": lambda theirs, ours: theirs == str(ours),
+    "CUDA used to build PyTorch": _same_version,
+    "CUDA runtime version": _same_version,
+    "Nvidia driver version": lambda theirs, ours: theirs == ours,
+    "Is XNNPACK available": lambda theirs, ours: theirs == str(ours),
+    "CMake version": lambda theirs, ours: isinstance(ours, str) and theirs.endswith(" " + ours),
 }
 
 
@@ -89,15 +111,26 @@ from capture import manifest
 t3 = time.perf_counter()
 out = {"import capture._cli": t1 - t0, "argument parser (fingerprint only)": t2 - t1,
        "import capture.fingerprint + manifest": t3 - t2}
+from capture.fingerprint import _table
 opts = ProbeOptions(progress=False)
+results = {}
 for section, module, func in PROBES:
+    if section in ("models", "datasets"):
+        continue  # none asked for: the fingerprint leaves them out without importing anything
     a = time.perf_counter()
     importlib.import_module("capture.probes." + module)
     b = time.perf_counter()
-    _run_probe(section, module, func, opts, False)
+    results[section] = _run_probe(section, module, func, opts, False)
     c = time.perf_counter()
     out["probe " + section + ": import"] = b - a
     out["probe " + section + ": run"] = c - b
+a = time.perf_counter()
+tables = {section: _table(result) for section, result in results.items()}
+b = time.perf_counter()
+body = manifest.dumps({**manifest.new_manifest(), **tables})
+c = time.perf_counter()
+out["tables (redaction of every string)"] = b - a
+out["manifest bytes (TOML)"] = c - b
 print(json.dumps(out))
 """
 
@@ -129,6 +162,47 @@ def _profile(env: dict[str, str], capture_s: float) -> dict[str, object]:
                                                  for c, s_, _d, n in top]}
 
 
+# Runs one command in-process, then byte-compiles every module it imported (argv[1]: which).
+_PRECOMPILE = r"""
+import contextlib, io, os, py_compile, runpy, sys, tempfile
+which = sys.argv[1]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    if which == "capture":
+        os.environ["CAPTURE_FANOUT"] = "threads"
+        from capture import _cli
+        with tempfile.TemporaryDirectory() as tmp:
+            _cli.main(["fingerprint", "-o", os.path.join(tmp, "m.toml")])
+    else:
+        sys.argv = ["collect_env"]
+        runpy.run_module("torch.utils.collect_env", run_name="__main__")
+    import pip
+    sources = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+done = 0
+for src in sources:
+    if src and src.endswith(".py") and os.path.isfile(src):
+        try:
+            py_compile.compile(src, doraise=True)
+            done += 1
+        except (py_compile.PyCompileError, OSError):
+            pass
+print(done)
+"""
+
+
+def _precompile(env: dict[str, str]) -> None:
+    """Byte-compile what both commands import (see the module's docstring), and pip."""
+    counts = []
+    for which in ("capture", "collect_env"):
+        done = subprocess.run([sys.executable, "-c", _PRECOMPILE, which], capture_output=True, text=True, env=env,
+                              timeout=600)
+        counts.append(int(done.stdout.strip() or 0) if done.returncode == 0 else 0)
+    import pip
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", os.path.dirname(pip.__file__)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=600)
+    print(f"precompiled: {counts[0]} modules capture imports, {counts[1]} modules collect_env imports, and pip")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -136,6 +210,9 @@ def main() -> int:
     ap.add_argument("--deep", action="store_true", help="time `capture fingerprint --deep` (imports torch)")
     ap.add_argument("--profile", action="store_true", help="also print the serial per-probe and import-time breakdowns")
     ap.add_argument("--quick", action="store_true", help="one round, no warm-up run (CI: the ratio is printed, not asserted)")
+    ap.add_argument("--precompile", action="store_true",
+                    help="first byte-compile every module either command imports (for interpreters run with "
+                         "PYTHONDONTWRITEBYTECODE=1 over packages installed without .pyc files)")
     args = ap.parse_args()
     if args.quick:
         args.rounds = 1
@@ -143,6 +220,8 @@ def main() -> int:
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    if args.precompile:
+        _precompile(env)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "m.toml"
         ours = [sys.executable, "-m", "capture", "fingerprint", "-o", str(out)] + (["--deep"] if args.deep else [])
@@ -169,21 +248,29 @@ def main() -> int:
     # A fact collect_env could not find ("N/A", "Could not collect") needs no field to hold it.
     reported = {k.strip() for k, _, v in (ln.partition(":") for ln in baseline_text.splitlines() if ":" in ln)
                 if v.strip() not in ("N/A", "Could not collect", "None", "", "No CUDA")}
+    values = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in baseline_text.splitlines() if ":" in ln)}
     print("\ncoverage of what collect_env reports:")
-    missing = []
+    missing, disagree = [], []
     for fact, fields in COVERAGE.items():
         if fact not in reported and fact not in ("CPU", "Versions of relevant libraries"):
             continue
         hit = next((f for f in fields if _get(manifest, f) is not None), None)
-        print(f"  {fact:32s} -> {hit or 'NOT RECORDED'}")
+        verdict = ""
+        if hit is not None and fact in AGREE and fact in values:
+            same = AGREE[fact](values[fact], _get(manifest, hit))
+            verdict = f"   ({'same value' if same else 'DIFFERENT'}: {values[fact]!r} / {_get(manifest, hit)!r})"
+            if not same:
+                disagree.append(fact)
+        print(f"  {fact:32s} -> {hit or 'NOT RECORDED'}{verdict}")
         if hit is None:
             missing.append(fact)
-    print(f"superset: {'yes' if not missing else 'no, missing: ' + ', '.join(missing)}")
+    print(f"superset: {'yes' if not missing else 'no, missing: ' + ', '.join(missing)}"
+          f"{'; values differ: ' + ', '.join(disagree) if disagree else ''}")
     profile = _profile(env, med_ours) if args.profile else None
     if args.json:
         Path(args.json).write_text(json.dumps({
             "capture_s": t_ours, "baseline_s": t_base, "median_capture_s": med_ours, "median_baseline_s": med_base,
-            "ratio": med_base / med_ours, "missing": missing, "deep": args.deep, "baseline": BASELINE,
+            "ratio": med_base / med_ours, "missing": missing, "disagree": disagree, "precompiled": args.precompile, "deep": args.deep, "baseline": BASELINE,
             "rounds": args.rounds, "profile": profile,
         }, indent=1))
     return 0

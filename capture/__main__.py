@@ -1,3 +1,3 @@
-from capture._cli import main
+from capture._cli import run
 
-raise SystemExit(main())
+run()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -31,6 +30,8 @@ def atomic_open(path: str | os.PathLike[str], mode: int | None = None) -> Iterat
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
+    import tempfile  # ~6 ms of imports (shutil, random, bz2, lzma): only when a file is written
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         os.fchmod(fd, mode)

@@ -91,3 +91,30 @@ def read_regular(path: str | os.PathLike[str], limit_bytes: int,
         raise error(f"{shown}: cannot read the {what} ({exc.strerror or exc})", "check the path and the disk") from None
     finally:
         os.close(fd)
+
+
+def read_prefix(path: str | os.PathLike[str], limit_bytes: int) -> bytes | None:
+    """Up to ``limit_bytes`` from the start of the regular file at ``path``; None where it is
+    missing, unreadable or not a regular file (a FIFO, a device). For facts a probe reads from
+    files that other programs own (package metadata, build configs): never raises, never blocks,
+    never reads more than the limit."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        total = 0
+        while total < limit_bytes:
+            chunk = os.read(fd, limit_bytes - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from capture.errors import CaptureError
+from capture.errors import ArtifactMismatch, CaptureError
 from capture.manifest import new_manifest, to_toml_value
 from capture.probes import ProbeOptions, Skipped, as_table
 from capture.redact import redact_text, redact_value
@@ -87,59 +87,109 @@ def accelerator_summary(sections: dict[str, Any]) -> dict[str, Any]:
     return {"vendor": "none", "model": "cpu", "count": 0, "runtime": "cpu"}
 
 
-START_FIRST = ("code", "toolchain", "framework", "nvidia", "amd")
-"""Probes that start subprocesses or load a driver library: submitted first."""
-WALL = "(wall)"
-"""The key of ``collect``'s own wall time in its ``timings``."""
+START_FIRST = ("nvidia", "topology", "code", "python", "toolchain", "framework", "amd")
+"""Started first, longest first (H200 figures): NVML's start-up, git, reading every installed
+distribution, the compilers' own start-up."""
+
+
+@dataclass
+class Timings:
+    """What ``--timings`` prints: each probe's own time, and how they ran side by side."""
+
+    probes: dict[str, float] = field(default_factory=dict)
+    """Section -> seconds the probe itself took (they overlap)."""
+    wall_s: float = 0.0
+    """From the first probe's start to the last one's result."""
+    mode: str = ""
+    """``fork`` (one child process a probe) or ``threads``."""
+    why: str = ""
+    """Why that mode (:func:`capture.probes._fanout.choose`)."""
 
 
 def _start_order(entry: tuple[str, str, str]) -> int:
     return START_FIRST.index(entry[0]) if entry[0] in START_FIRST else len(START_FIRST)
 
 
-def format_timings(timings: dict[str, float], total_s: float | None = None) -> str:
+def format_timings(timings: Timings, total_s: float | None = None) -> str:
     """The ``--timings`` table: each probe's own time, their sum, and the wall time of all of them.
 
-    Probes run concurrently (one thread each), so their own times overlap and add up to more than
-    the wall time; to see where a serial run would spend its time use
+    Probes run concurrently (one forked process each, or one thread each: see
+    :mod:`capture.probes._fanout`), so their own times overlap and add up to more than the wall
+    time; to see where a serial run would spend its time use
     ``benchmarks/fingerprint_vs_collect_env.py --profile``.
     """
     from capture.fmt import seconds_str
 
-    own = {k: v for k, v in timings.items() if k != WALL}
-    lines = ["probes run concurrently (one thread each): their own times overlap; wall time is what you wait",
+    how = (f"one forked process each, {len(timings.probes)} side by side" if timings.mode == "fork"
+           else "one thread each")
+    lines = [f"probes run concurrently ({how}; {timings.why}): their own times overlap; wall time is what you wait",
              f"{'probe':14s} {'own time':>10s}"]
-    lines += [f"{name:14s} {seconds_str(secs):>10s}" for name, secs in own.items()]
-    lines.append(f"{'sum of probes':14s} {seconds_str(sum(own.values())):>10s}")
-    if WALL in timings:
-        lines.append(f"{'wall, probes':14s} {seconds_str(timings[WALL]):>10s}")
+    lines += [f"{name:14s} {seconds_str(secs):>10s}" for name, secs in timings.probes.items()]
+    lines.append(f"{'sum of probes':14s} {seconds_str(sum(timings.probes.values())):>10s}")
+    lines.append(f"{'wall, probes':14s} {seconds_str(timings.wall_s):>10s}")
     if total_s is not None:
         lines.append(f"{'wall, total':14s} {seconds_str(total_s):>10s}   (from the start of the command to the manifest's bytes)")
     return "\n".join(lines) + "\n"
 
 
-def _check_artifacts(results: list[tuple[Any, float]]) -> None:
-    """``--verify-artifacts``: a blob that does not match its id is an error (exit 6), not a quiet field."""
-    from capture.probes.artifacts import ArtifactInfo, check_verified
+ARTIFACT_SECTIONS = ("models", "datasets")
 
-    for (section, _, _), (result, _secs) in zip(PROBES, results):
-        if section in ("models", "datasets") and isinstance(result, list):
-            for info in result:
-                if isinstance(info, ArtifactInfo):
-                    check_verified(info)
+
+def _section_table(section: str, result: Any, options: ProbeOptions) -> Any:
+    """The section's TOML-ready table, or None where the section is left out of the manifest
+    (no ``--model`` / ``--dataset`` asked for)."""
+    if section in ARTIFACT_SECTIONS:
+        if not isinstance(result, list):
+            if isinstance(result, Skipped) and not getattr(options, section):
+                return None
+            result = [result]
+        if not result:
+            return None
+    return _table(result)
+
+
+def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: bool) -> tuple[Any, float]:
+    """One probe, wherever the fan-out runs it: its table (plain values: it may cross a pipe) and
+    its own time. Raises what ``collect`` must raise: a user error, an artifact mismatch."""
+    t0 = time.perf_counter()
+    if entry[0] in ARTIFACT_SECTIONS and not getattr(options, entry[0]):
+        return None, time.perf_counter() - t0  # none asked for: the section is left out, nothing imported
+    result = _run_probe(*entry, options, raise_user_errors)
+    if options.verify_artifacts and raise_user_errors and entry[0] in ARTIFACT_SECTIONS and isinstance(result, list):
+        # ``--verify-artifacts``: a blob that does not match its id is an error (exit 6), not a quiet field.
+        from capture.probes.artifacts import ArtifactInfo, check_verified
+
+        for info in result:
+            if isinstance(info, ArtifactInfo):
+                check_verified(info)
+    return _section_table(entry[0], result, options), time.perf_counter() - t0
+
+
+def _first_error(outcomes: list[tuple[bool, Any]]) -> CaptureError | None:
+    """The error ``collect`` raises: the first probe's own error in manifest order (a ``--model``
+    not in the cache), else the first artifact mismatch. Anything else that failed (a probe's
+    process that died) is not the user's to fix: its section says so instead."""
+    errors = [value for ok, value in outcomes if not ok and isinstance(value, CaptureError)]
+    own = [e for e in errors if not isinstance(e, ArtifactMismatch)]
+    return (own or errors or [None])[0]
 
 
 def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
-            timings: dict[str, float] | None = None, raise_user_errors: bool = True) -> dict[str, Any]:
+            timings: Timings | None = None, raise_user_errors: bool = True,
+            fanout: str | None = None) -> dict[str, Any]:
     """Probe this machine and return a manifest dict (unsigned, not yet written).
 
     ``raise_user_errors``: a :class:`CaptureError` from a probe (a ``--model`` that is not in the
     cache) propagates, and so does :class:`ArtifactMismatch` (exit 6) when ``verify_artifacts``
     finds a blob that does not match its id; `verify` turns it off so that a missing or corrupt
     artifact is reported as drift.
+
+    ``fanout``: ``auto``, ``fork`` or ``threads`` (:func:`capture.probes._fanout.choose`);
+    None reads ``CAPTURE_FANOUT``, else ``auto``: forked processes on a machine with cores to
+    spare, threads otherwise. Both give the same manifest.
     """
     options = options or ProbeOptions()
-    from capture.probes import _fs
+    from capture.probes import _fanout, _fs
 
     _fs.forget()  # each fingerprint lists folders afresh, once
     manifest = new_manifest(kind)
@@ -150,34 +200,27 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
         "datasets": list(options.datasets),
         "code": str(options.code) if options.code is not None else ".",
     }
-
-    def timed(entry: tuple[str, str, str]) -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        result = _run_probe(*entry, options, raise_user_errors)
-        return result, time.perf_counter() - t0
-
-    # Probes wait on the kernel, NVML, git and subprocesses far more than on Python, so they
-    # run side by side; those that start subprocesses are started first, so that their children
-    # run while the other probes import and read. Results are placed in PROBES order.
+    # Those that start subprocesses or load a driver library go first, so that their children
+    # run while the other probes import and read; results are placed in PROBES order.
+    order = sorted(PROBES, key=_start_order)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
-        futures = {entry: pool.submit(timed, entry) for entry in sorted(PROBES, key=_start_order)}
-        results = [futures[entry].result() for entry in PROBES]
+    ran, how, why = _fanout.run([lambda e=entry: _job(e, options, raise_user_errors) for entry in order], fanout)
+    by_entry = dict(zip(order, ran))
+    outcomes = [by_entry[entry] for entry in PROBES]
     if timings is not None:
-        timings[WALL] = time.perf_counter() - t0
-    if options.verify_artifacts and raise_user_errors:
-        _check_artifacts(results)
+        timings.wall_s, timings.mode, timings.why = time.perf_counter() - t0, how, why
+    error = _first_error(outcomes)
+    if error is not None:
+        raise error
     sections: dict[str, Any] = {}
-    for (section, _, _), (result, secs) in zip(PROBES, results):
+    for (section, _, _), (ok, value) in zip(PROBES, outcomes):
+        if not ok:  # only unexpected failures are left (a probe's process died): say so in its table
+            value = (_table(Skipped(redact_text(f"probe failed: {value}"))), 0.0)
+        table, secs = value
         if timings is not None:
-            timings[section] = secs
-        if section in ("models", "datasets") and not isinstance(result, list):
-            if isinstance(result, Skipped) and not getattr(options, section):
-                continue
-            result = [result]
-        if section in ("models", "datasets") and not result:
-            continue
-        sections[section] = _table(result)
+            timings.probes[section] = secs
+        if table is not None:
+            sections[section] = table
     manifest["accelerator"] = accelerator_summary(sections)
     manifest.update(sections)
     return manifest

@@ -17,10 +17,6 @@ import math
 import os
 import re
 
-try:  # the compiled build of the parser tomllib was taken from; same results, about 2x faster
-    import tomli as tomllib
-except ImportError:  # pragma: no cover - tomli is a dependency, the stdlib is the fallback
-    import tomllib  # type: ignore[no-redef]
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
@@ -32,6 +28,22 @@ from capture._atomic import atomic_write
 from capture._safe_read import MANIFEST_MAX_BYTES, read_regular
 from capture.errors import ManifestError, SignatureError
 from capture.schema import validate
+
+
+
+def _tomllib() -> Any:
+    """The TOML parser, imported when first needed (writing a manifest never needs it): the
+    compiled build of the parser tomllib was taken from, same results, about 2x faster; the
+    standard library's where tomli is missing."""
+    try:
+        import tomli
+
+        return tomli
+    except ImportError:  # pragma: no cover - tomli is a dependency, the stdlib is the fallback
+        import tomllib
+
+        return tomllib
+
 
 SCHEMA_VERSION = 1
 KINDS = ("fingerprint", "trial")
@@ -89,6 +101,13 @@ def to_toml_value(value: Any) -> Any:
     ``None`` means "not known" and is dropped: TOML has no null. Dict keys are sorted so that
     output is stable whatever order a probe discovered things in.
     """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool:  # most values: answered before any isinstance
+        return value
+    if kind is dict:
+        return {str(k): v for k, v in ((k, to_toml_value(value[k])) for k in sorted(value, key=str)) if v is not None}
+    if kind is list or kind is tuple:
+        return [v for v in (to_toml_value(x) for x in value) if v is not None]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_manifest"):
             return to_toml_value(value.to_manifest())
@@ -199,8 +218,8 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
             "a manifest is UTF-8 TOML; regenerate it with `capture fingerprint`",
         ) from None
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = _tomllib().loads(text)
+    except _tomllib().TOMLDecodeError as exc:
         reason = str(exc).splitlines()[0]
         raise ManifestError(f"{source}: not valid TOML ({reason})",
                             "the file may be truncated or hand-edited; regenerate it") from None
@@ -215,11 +234,11 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
 def parse_trailer(trailer: bytes, source: str = "manifest") -> dict[str, Any]:
     """Parse the ``[signature]`` table."""
     try:
-        data = tomllib.loads(trailer.decode("utf-8"))
+        data = _tomllib().loads(trailer.decode("utf-8"))
     except RecursionError:
         raise SignatureError(f"{source}: the [signature] table cannot be read (nested too deeply)",
                              "re-sign the manifest with `capture sign FILE --key KEY`") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (UnicodeDecodeError, _tomllib().TOMLDecodeError) as exc:
         raise SignatureError(f"{source}: the [signature] table cannot be read ({str(exc).splitlines()[0]})",
                              "re-sign the manifest with `capture sign FILE --key KEY`") from None
     sig = data.get("signature")

@@ -296,3 +296,61 @@ def test_files_map_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert (info.files_total, info.files_truncated, info.file_count) == (12, True, 12)
     body = manifest.dumps({**manifest.new_manifest(), "code": info.to_manifest()})
     assert b"[code.files]" in body and b"files_truncated = true" in body
+
+
+def _full_rehash(repo: Path, copy: Path) -> str:
+    """The tree hash of the same listed files copied into a plain folder (every byte hashed)."""
+    listing = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, listing):
+        src, dst = repo / rel, copy / rel
+        if not os.path.lexists(src):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
+    return probe(copy).tree_hash
+
+
+def test_renames_spaces_and_conflicts_in_the_status_are_read_exactly(repo: Path, tmp_path: Path) -> None:
+    """git status --porcelain=v2: a staged rename (its source path follows as its own field), a path
+    with spaces, and an unmerged file each count as modified; the ones whose work tree differs
+    are hashed from disk, so the tree hash equals a full rehash; commit and branch are git's."""
+    (repo / "with space.txt").write_text("a b\n")
+    git(repo, "add", "with space.txt")
+    git(repo, "commit", "-q", "-m", "spaces")
+    git(repo, "checkout", "-q", "-b", "other")
+    (repo / "train.py").write_text("print('other')\n")
+    git(repo, "commit", "-q", "-am", "other side")
+    git(repo, "checkout", "-q", "main")
+    (repo / "train.py").write_text("print('main')\n")
+    git(repo, "commit", "-q", "-am", "main side")
+    merge = subprocess.run(["git", "-C", str(repo), "merge", "-q", "other"], env=GIT_ENV, capture_output=True)
+    assert merge.returncode != 0  # a conflict in train.py
+    git(repo, "mv", "with space.txt", "renamed with space.txt")
+    (repo / "renamed with space.txt").write_text("changed after the rename\n")
+    info = probe(repo)
+    assert info.commit == git(repo, "rev-parse", "HEAD")
+    assert (info.branch, info.detached, info.dirty) == ("main", False, True)
+    assert info.modified_count == 2  # the conflicted file and the rename
+    assert "renamed with space.txt" in info.files and "with space.txt" not in info.files
+    assert info.tree_hash == _full_rehash(repo, tmp_path / "copy")
+
+
+def test_a_dot_git_that_is_no_repository_is_hashed_as_a_plain_folder(tmp_path: Path) -> None:
+    """The reads started early beside a .git folder are dropped when rev-parse finds no work tree."""
+    folder = tmp_path / "fake"
+    (folder / ".git").mkdir(parents=True)
+    (folder / "a.txt").write_text("a\n")
+    info = probe(folder)
+    assert info.source == "directory" and info.commit is None
+    assert set(info.files) == {"a.txt"}
+
+
+def test_a_work_tree_given_by_a_link_to_its_top_keeps_the_early_reads(repo: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    os.symlink(repo, link)
+    via_link, direct = probe(link), probe(repo)
+    assert via_link.tree_hash == direct.tree_hash and via_link.commit == direct.commit
+    assert via_link.path == direct.path == str(repo.resolve())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,9 +31,17 @@ def dist(site: Path, folder: str, name: str, version: str) -> None:
     touch(site / folder / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
-def torch_tree(site: Path, version_py: str) -> Path:
+def torch_tree(site: Path, version_py: str, cmake_config: str | None = None) -> Path:
+    """A torch package folder: ``version_py`` and, where given, a real ``TorchConfig.cmake``.
+
+    The H200 trees default to that machine's own TorchConfig.cmake; the ROCm tree has none (no
+    ROCm machine was available to capture one), so its XNNPACK build option is left to --deep."""
     shutil.copy(FIXTURES / "framework" / version_py, touch(site / "torch" / "version.py"))
     touch(site / "torch" / "__init__.py", "raise RuntimeError('the probe must not import torch')\n")
+    if cmake_config is None and version_py.startswith("h200-"):
+        cmake_config = "h200-cu130-TorchConfig.cmake"
+    if cmake_config:
+        shutil.copy(FIXTURES / "framework" / cmake_config, touch(site / "torch/share/cmake/Torch/TorchConfig.cmake"))
     return site
 
 
@@ -53,6 +62,7 @@ def test_real_cpu_torch_without_importing_it() -> None:
     assert table["cuda_version"] is None and table["hip_version"] is None
     assert len(table["git_version"]) == 40
     assert table["deep_only"] is None  # a CPU build has no GPU libraries to ask about
+    assert table["xnnpack"] is False  # this CPU wheel is built without XNNPACK
 
 
 def test_real_cpu_torch_deep_reports_what_loaded() -> None:
@@ -67,6 +77,7 @@ def test_real_cpu_torch_deep_reports_what_loaded() -> None:
     assert loaded.config and loaded.config[0] == "PyTorch built with:"
     assert any(line.startswith("- Build settings:") and "USE_CUDA=0" in line for line in loaded.config)
     assert loaded.import_time_s and loaded.import_time_s > 0
+    assert loaded.xnnpack is not None and loaded.xnnpack == info.xnnpack  # the file says what torch says
     body = manifest.dumps({**manifest.new_manifest(), "framework": info.to_manifest()})
     assert b"[framework.loaded]" in body
 
@@ -84,7 +95,8 @@ def test_cuda_wheel_tree_like_the_h200(tmp_path: Path) -> None:
     assert info.hip_version is None
     assert info.cudnn_version == "9.19.0.56"
     assert info.nccl_version == H200["nccl"]
-    assert info.origins == {"cudnn_version": "dist:nvidia-cudnn-cu13", "nccl_version": "dist:nvidia-nccl-cu13"}
+    assert info.origins == {"cudnn_version": "dist:nvidia-cudnn-cu13", "nccl_version": "dist:nvidia-nccl-cu13",
+                            "xnnpack": "file:torch/share/cmake/Torch/TorchConfig.cmake"}
     assert info.libraries == {"cudnn": "nvidia/cudnn/lib/libcudnn.so.9", "nccl": "nvidia/nccl/lib/libnccl.so.2"}
     assert info.deep_only == ("arch_list",)
     table = manifest.to_toml_value(info.to_manifest())
@@ -103,8 +115,10 @@ def test_cuda_wheel_tree_rebuilt_from_the_h200_listing(tmp_path: Path) -> None:
     info = framework.probe(ProbeOptions(), path=[str(site)])
     assert isinstance(info, framework.FrameworkInfo)
     there = json.loads((FIXTURES / "framework" / "h200-cu130-probe.json").read_text())
-    assert info.to_manifest() == there["framework"]
     assert there["deep"]["loaded"]["cudnn_version"] == "9.19.0"  # what the deep probe saw loaded there
+    # the [framework] table of a fingerprint taken there on 2026-12-03 (TOML drops the None fields)
+    table = json.loads((FIXTURES / "framework" / "h200-cu130-framework.json").read_text())
+    assert manifest.to_toml_value(info.to_manifest()) == table
 
 
 def test_versions_from_library_file_names_when_no_dists(tmp_path: Path) -> None:
@@ -131,7 +145,7 @@ def test_rocm_wheel_tree(tmp_path: Path) -> None:
     assert info.hip_version == "6.2.41133-dd7f95766"
     assert info.cuda_version is None and info.cudnn_version is None
     assert info.libraries == {"miopen": "torch/lib/libMIOpen.so", "rccl": "torch/lib/librccl.so"}
-    assert info.deep_only == ("arch_list", "miopen_version", "rccl_version")
+    assert info.deep_only == ("arch_list", "miopen_version", "rccl_version", "xnnpack")
 
 
 def test_rocm_sonames_are_not_taken_for_library_versions(tmp_path: Path) -> None:
@@ -214,3 +228,58 @@ def test_deep_probe_times_out(tmp_path: Path) -> None:
     python = fake_python(tmp_path, "import time\ntime.sleep(30)\n")
     loaded = framework.deep_probe(python, timeout_s=1)
     assert loaded.error == "import torch did not finish within 1 s"
+
+
+def _collect_env_says(fact: str) -> str:
+    """One line of the baseline's own report (python -m torch.utils.collect_env), by its label."""
+    out = subprocess.run([sys.executable, "-m", "torch.utils.collect_env"], capture_output=True, text=True,
+                         timeout=300).stdout
+    return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith(fact + ":"))
+
+
+def test_xnnpack_agrees_with_collect_env_on_the_real_torch() -> None:
+    """What collect_env prints as "Is XNNPACK available" (torch imported), read from files only."""
+    info = framework.probe(ProbeOptions())
+    assert isinstance(info, framework.FrameworkInfo)
+    assert str(info.xnnpack) == _collect_env_says("Is XNNPACK available")
+    assert info.origins["xnnpack"] == "file:torch/share/cmake/Torch/TorchConfig.cmake"
+
+
+@pytest.mark.parametrize("fixture, expected", [
+    ("cpu-2.13.0-TorchConfig.cmake", False),   # this machine's CPU wheel: if(OFF)
+    ("h200-cu130-TorchConfig.cmake", True),    # the H200's cu130 wheel: if(ON)
+])
+def test_xnnpack_from_real_torch_config_files(tmp_path: Path, fixture: str, expected: bool) -> None:
+    site = torch_tree(tmp_path / "site", "h200-cu130-torch-version.py", cmake_config=fixture)
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert info.xnnpack is expected and "xnnpack" not in info.deep_only
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("if(ON)\n  append_torchlib_if_found(XNNPACK)\n", True),
+    ("  if ( 1 )\r\n    append_torchlib_if_found( XNNPACK microkernels-prod)\n", True),
+    ("if(FALSE)\nappend_torchlib_if_found(XNNPACK)\n", False),
+    ("if(USE_XNNPACK-NOTFOUND)\nappend_torchlib_if_found(XNNPACK)\n", False),
+    ("if(@USE_XNNPACK@)\nappend_torchlib_if_found(XNNPACK)\n", None),  # never substituted
+    ("if(USE_XNNPACK)\nappend_torchlib_if_found(XNNPACK)\n", None),    # a variable, not a value
+    ("if(ON)\nappend_torchlib_if_found(NNPACK)\n", None),
+    ("", None),
+])
+def test_xnnpack_from_hostile_or_odd_config_files(tmp_path: Path, text: str, expected: bool | None) -> None:
+    torch_dir = tmp_path / "torch"
+    touch(torch_dir / "share/cmake/Torch/TorchConfig.cmake", text)
+    assert framework.xnnpack_from_cmake(torch_dir) is expected
+
+
+def test_xnnpack_unknown_is_left_to_deep(tmp_path: Path) -> None:
+    site = torch_tree(tmp_path / "site", "h200-cu130-torch-version.py", cmake_config="")
+    info = framework.probe(ProbeOptions(), path=[str(site)])
+    assert isinstance(info, framework.FrameworkInfo)
+    assert info.xnnpack is None and "xnnpack" in info.deep_only and "xnnpack" not in info.origins
+    # an oversized file, or a FIFO where the file should be, is not read
+    config = touch(site / "torch/share/cmake/Torch/TorchConfig.cmake", "if(ON)\nappend_torchlib_if_found(XNNPACK)\n" + "#" * 300_000)
+    assert framework.xnnpack_from_cmake(site / "torch") is None
+    config.unlink()
+    os.mkfifo(config)
+    assert framework.xnnpack_from_cmake(site / "torch") is None

@@ -20,7 +20,8 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 
 
 def _fingerprint(tmp_path: Path, *args: str) -> tuple[dict, str]:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    # threads: every probe imports in this process, so its sys.modules shows all of them
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "CAPTURE_FANOUT": "threads"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, "fingerprint", "-o", str(tmp_path / "m.toml"),
                            "--code", str(ROOT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)

@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     from capture import manifest as mf
-    from capture.fingerprint import collect
+    from capture.fingerprint import Timings, collect
     from capture.probes import ProbeOptions
 
     if args.principal and not args.key:
@@ -83,7 +83,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     if args.key:  # fail on a bad key before spending time probing
         from capture import signing
         signing.load_private_key(args.key)
-    timings: dict[str, float] = {}
+    timings = Timings()
     t0 = time.perf_counter()
     manifest = collect(options, timings=timings)
     body = mf.dumps(manifest)

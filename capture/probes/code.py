@@ -236,8 +236,25 @@ def _work_tree(folder: Path) -> tuple[Path | None, str | None]:
     return Path(lines[1]), None
 
 
-def _status(raw: bytes) -> tuple[int, int, set[bytes]]:
-    """(modified count, untracked count, paths whose work-tree content may differ from the index)."""
+@dataclass(frozen=True)
+class _Status:
+    """What one ``git status --porcelain=v2 --branch -z`` says."""
+
+    commit: str | None
+    """None: no commit yet (``# branch.oid (initial)``)."""
+    branch: str | None
+    """None: detached (``# branch.head (detached)``)."""
+    modified: int
+    untracked: int
+    unsure: frozenset[bytes]
+    """Paths whose work-tree content may differ from the index."""
+
+
+def _status(raw: bytes) -> _Status:
+    """Parse porcelain v2 (``-z``): headers ``# branch.oid`` / ``# branch.head``; entries ``1`` (changed),
+    ``2`` (renamed or copied: the source path follows as its own field), ``u`` (unmerged), ``?``
+    (untracked), ``!`` (ignored). XY uses ``.`` for unmodified."""
+    commit = branch = None
     modified = untracked = 0
     unsure: set[bytes] = set()
     fields = raw.split(b"\0")
@@ -245,18 +262,24 @@ def _status(raw: bytes) -> tuple[int, int, set[bytes]]:
     while i < len(fields):
         entry = fields[i]
         i += 1
-        if len(entry) < 4:
-            continue
-        xy, path = entry[:2], entry[3:]
-        if xy == b"??":
+        kind = entry[:2]
+        if entry.startswith(b"# branch.oid "):
+            oid = entry[len(b"# branch.oid "):].decode(errors="replace")
+            commit = None if oid == "(initial)" else oid
+        elif entry.startswith(b"# branch.head "):
+            head = entry[len(b"# branch.head "):].decode(errors="replace")
+            branch = None if head == "(detached)" else head
+        elif kind == b"? ":
             untracked += 1
-        elif xy != b"!!":
+        elif kind in (b"1 ", b"2 ", b"u "):
+            parts = entry.split(b" ", 10 if kind == b"u " else 9 if kind == b"2 " else 8)
+            xy, path = parts[1], parts[-1]
             modified += 1
-            if entry[:1] in (b"R", b"C"):
+            if kind == b"2 ":
                 i += 1  # the rename/copy source follows as its own field
-        if xy[1:2] != b" " or b"U" in xy or xy in (b"AA", b"DD"):  # work tree differs, or a conflict
-            unsure.add(path)
-    return modified, untracked, unsure
+            if kind == b"u " or xy[1:2] != b".":  # a conflict, or the work tree differs from the index
+                unsure.add(path)
+    return _Status(commit, branch, modified, untracked, frozenset(unsure))
 
 
 def _index(raw: bytes) -> tuple[dict[bytes, str], dict[bytes, tuple[str, str]]]:
@@ -289,38 +312,41 @@ def _remote(raw: bytes) -> tuple[str | None, str | None]:
     return redact_text(name), redact_url(urls[name])
 
 
-def _probe_git(root: Path) -> CodeInfo:
+def _start_reads(root: Path) -> _Git:
+    """Start every read at once in ``root``; they run side by side and are collected when needed."""
     g = _Git(root)
     try:
-        # every command starts now and runs side by side; each is collected when needed
-        g.start("head", "rev-parse", "-q", "--verify", "HEAD")
-        g.start("branch", "symbolic-ref", "-q", "HEAD")
+        g.start("status", "status", "--porcelain=v2", "--branch", "--no-ahead-behind", "-z",
+                "--untracked-files=all", "--ignore-submodules=none")
         g.start("remotes", "config", "-z", "--get-regexp", r"^remote\..*\.url$")
         g.start("listing", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-        g.start("status", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=none")
         g.start("index", "ls-files", "-z", "--stage")
-        rc, out = g.result("head", check=False)
-        commit = out.decode().strip() if rc == 0 and out.strip() else None  # None: no commits yet
-        rc, out = g.result("branch", check=False)
-        ref = out.decode(errors="replace").strip()
-        detached = rc != 0 or not ref
-        branch = None if detached else ref.removeprefix("refs/heads/")
+    except BaseException:
+        g.close()
+        raise
+    return g
+
+
+def _probe_git(root: Path, g: _Git | None = None) -> CodeInfo:
+    """The work tree at ``root``, from the reads ``g`` started there (started now when None)."""
+    g = g or _start_reads(root)
+    try:
+        _, raw_status = g.result("status")
         _, out = g.result("remotes", check=False)  # exit 1: no remote
         remote_name, remote_url = _remote(out)
         _, listing = g.result("listing")
-        _, raw_status = g.result("status")
         _, raw_index = g.result("index")
     finally:
         g.close()
-    modified, untracked, unsure = _status(raw_status)
+    status = _status(raw_status)
     gitlinks, blobs = _index(raw_index)
-    known = {p: v for p, v in blobs.items() if p not in unsure}
+    known = {p: v for p, v in blobs.items() if p not in status.unsure}
     tree = hash_tree(root, [p for p in listing.split(b"\0") if p], gitlinks, known)
     return CodeInfo(
         path=str(root), source="git", tree_hash=tree.digest, file_count=tree.file_count,
-        size_bytes=tree.size_bytes, remote_name=remote_name, remote_url=remote_url, commit=commit,
-        branch=branch, detached=detached, dirty=bool(modified or untracked),
-        modified_count=modified, untracked_count=untracked, **_bounded(tree),
+        size_bytes=tree.size_bytes, remote_name=remote_name, remote_url=remote_url, commit=status.commit,
+        branch=status.branch, detached=status.branch is None, dirty=bool(status.modified or status.untracked),
+        modified_count=status.modified, untracked_count=status.untracked, **_bounded(tree),
     )
 
 
@@ -338,7 +364,24 @@ def probe(options: ProbeOptions) -> CodeInfo | Skipped:
         return Skipped(f"no such folder: {folder}")
     if not folder.is_dir():
         return Skipped(f"not a folder: {folder}")
-    root, why = _work_tree(folder)
+    # A folder holding .git is usually the top of its work tree: its reads start now, beside the
+    # rev-parse that says where the top is, and are kept when that is this folder (one git
+    # start-up less to wait for); otherwise they are dropped and started again at the top.
+    early = None
+    if os.path.lexists(folder / ".git"):
+        try:
+            early = _start_reads(folder)
+        except OSError:
+            early = None
+    try:
+        root, why = _work_tree(folder)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    if early is not None and (root is None or os.path.realpath(folder) != os.path.realpath(root)):
+        early.close()
+        early = None
     if root is None:
         if why == "no-git" and (folder / ".git").exists():
             return Skipped("git is not installed; the code folder is a git work tree but cannot be read without it")
@@ -347,6 +390,6 @@ def probe(options: ProbeOptions) -> CodeInfo | Skipped:
             return Skipped("the current folder is not a git work tree; pass --code DIR to hash a plain folder")
         return probe_directory(folder)
     try:
-        return _probe_git(root)
+        return _probe_git(root, early)
     except GitFailed as exc:
         return Skipped(f"git failed in {folder}: {exc.detail}")

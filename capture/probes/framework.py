@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from capture._safe_read import read_prefix
 from capture.probes import ProbeOptions, Skipped
 from capture.probes._fs import listdir
 
@@ -49,6 +50,8 @@ class LoadedInfo:
     device_names: tuple[str, ...] | None = None
     config: tuple[str, ...] | None = None
     """torch.__config__.show(), one entry a line."""
+    xnnpack: bool | None = None
+    """``torch.backends.xnnpack.enabled``: built with XNNPACK (what collect_env reports)."""
     import_time_s: float | None = None
     error: str | None = None
 
@@ -71,6 +74,8 @@ class FrameworkInfo:
     nccl_version: str | None = None
     miopen_version: str | None = None
     rccl_version: str | None = None
+    xnnpack: bool | None = None
+    """Built with XNNPACK (``USE_XNNPACK``), from the ``TorchConfig.cmake`` the build wrote."""
     origins: Mapping[str, str] = field(default_factory=dict)
     """Where each library version came from: ``dist:<name>`` or ``file:<path under site-packages>``."""
     libraries: Mapping[str, str] = field(default_factory=dict)
@@ -87,7 +92,7 @@ class FrameworkInfo:
             "arch_list": list(self.arch_list) if self.arch_list is not None else None,
             "cudnn_version": self.cudnn_version, "nccl_version": self.nccl_version,
             "miopen_version": self.miopen_version, "rccl_version": self.rccl_version,
-            "origins": dict(self.origins) or None, "libraries": dict(self.libraries) or None,
+            "xnnpack": self.xnnpack, "origins": dict(self.origins) or None, "libraries": dict(self.libraries) or None,
             "deep_only": list(self.deep_only) or None,
         }
         if self.loaded is not None:
@@ -179,6 +184,42 @@ def _library_files(site: Path, torch_dir: Path) -> dict[str, tuple[str | None, s
     return found
 
 
+TORCH_CONFIG_CMAKE = ("share", "cmake", "Torch", "TorchConfig.cmake")
+_CMAKE_CONFIG_MAX_BYTES = 256 * 1024
+# The build substitutes `if(@USE_XNNPACK@)` in TorchConfig.cmake.in with the option's value.
+_XNNPACK_BLOCK = re.compile(r"^[ \t]*if[ \t]*\([ \t]*([^()\s]*)[ \t]*\)[ \t]*\r?\n"
+                            r"[ \t]*append_torchlib_if_found\([ \t]*XNNPACK\b", re.M | re.I)
+_CMAKE_TRUE = frozenset({"ON", "YES", "TRUE", "Y"})
+_CMAKE_FALSE = frozenset({"OFF", "NO", "FALSE", "N", "IGNORE", "NOTFOUND", ""})
+
+
+def cmake_bool(value: str) -> bool | None:
+    """CMake's truth of a constant in ``if(<constant>)``; None for anything else (a variable name)."""
+    word = value.upper()
+    if word in _CMAKE_TRUE:
+        return True
+    if word in _CMAKE_FALSE or word.endswith("-NOTFOUND"):
+        return False
+    try:
+        return float(value) != 0
+    except ValueError:
+        return None
+
+
+def xnnpack_from_cmake(torch_dir: Path) -> bool | None:
+    """Whether this torch was built with XNNPACK, read from ``torch/share/cmake/Torch/TorchConfig.cmake``.
+
+    ``torch.backends.xnnpack.enabled`` (what ``collect_env`` prints as "Is XNNPACK available")
+    is the compile-time ``USE_XNNPACK``; the build writes the same option into TorchConfig.cmake
+    as ``if(ON)`` / ``if(OFF)`` before ``append_torchlib_if_found(XNNPACK)``. None where the file
+    is missing, oversized or says something else: ``--deep`` then asks torch itself."""
+    data = read_prefix(torch_dir.joinpath(*TORCH_CONFIG_CMAKE), _CMAKE_CONFIG_MAX_BYTES + 1)
+    if data is None or len(data) > _CMAKE_CONFIG_MAX_BYTES:
+        return None
+    m = _XNNPACK_BLOCK.search(data.decode("utf-8", "replace"))
+    return cmake_bool(m.group(1)) if m else None
+
+
 def probe(options: ProbeOptions, *, path: Iterable[str] | None = None) -> FrameworkInfo | Skipped:
     """``path`` replaces sys.path (tests point it at a fabricated site-packages)."""
     search = None if path is None else list(path)
@@ -212,6 +253,11 @@ def probe(options: ProbeOptions, *, path: Iterable[str] | None = None) -> Framew
     arch = meta.get("arch_list") or meta.get("cuda_arch_list")
     deep_only = [f for f in _ALWAYS_DEEP if not arch and (is_cuda or is_hip)]
     deep_only += [f"{lib}_version" for lib in wanted if lib not in versions]
+    xnnpack = xnnpack_from_cmake(torch_dir)
+    if xnnpack is None:
+        deep_only.append("xnnpack")
+    else:
+        origins["xnnpack"] = "file:" + os.path.relpath(torch_dir.joinpath(*TORCH_CONFIG_CMAKE), site)
     info = FrameworkInfo(
         name="torch",
         version=version,
@@ -225,6 +271,7 @@ def probe(options: ProbeOptions, *, path: Iterable[str] | None = None) -> Framew
         nccl_version=versions.get("nccl"),
         miopen_version=versions.get("miopen"),
         rccl_version=versions.get("rccl"),
+        xnnpack=xnnpack,
         origins=origins,
         libraries={lib: rel for lib, (_, rel) in sorted(files.items())},
         deep_only=tuple(deep_only),
@@ -255,6 +302,10 @@ attempt("arch_list", lambda: list(torch.cuda.get_arch_list()))
 attempt("accelerator_available", lambda: bool(torch.cuda.is_available()))
 attempt("device_count", lambda: torch.cuda.device_count() if out.get("accelerator_available") else 0)
 attempt("device_names", lambda: [torch.cuda.get_device_name(i) for i in range(out.get("device_count") or 0)])
+def _xnnpack():
+    import torch.backends.xnnpack
+    return bool(torch.backends.xnnpack.enabled)
+attempt("xnnpack", _xnnpack)
 attempt("config", lambda: [l.strip() for l in torch.__config__.show().splitlines() if l.strip()])
 print("%s" + json.dumps(out))
 """ % _MARK
@@ -295,6 +346,7 @@ def loaded_from_json(data: Mapping[str, Any]) -> LoadedInfo:
         device_count=data.get("device_count"),
         device_names=tup(data.get("device_names")),
         config=tup(data.get("config")),
+        xnnpack=data.get("xnnpack") if isinstance(data.get("xnnpack"), bool) else None,
         import_time_s=data.get("import_time_s"),
         error="; ".join(notes) if notes else None,
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +119,8 @@ def _libc() -> str | None:
         value = None
     if value:
         return value
+    import platform  # only where confstr cannot tell: it scans the interpreter's binary
+
     name, version = platform.libc_ver()
     return f"{name} {version}" if name and version else None
 

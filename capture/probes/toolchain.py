@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,24 +75,51 @@ def wrapped_binary(exe: str, tool: str) -> str | None:
     return None
 
 
-def _one(tool: str) -> tuple[str, str, str] | None:
+def _start(tool: str) -> tuple[str, str, str | subprocess.Popen[bytes]] | None:
+    """``(tool, path on PATH, version or the started process)``, or None when the tool is absent."""
     cmd = TOOLS[tool][0]
     exe = shutil.which(cmd[0])
     if not exe:
         return None
     if tool == "nvcc" and (version := _nvcc_from_version_json(exe)):
-        return tool, version, exe
+        return tool, exe, version
     run = wrapped_binary(exe, tool) or exe
     try:
-        out = subprocess.run([run, *cmd[1:]], capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.Popen([run, *cmd[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
     except (OSError, subprocess.SubprocessError):
         return None
-    version = parse_version(tool, out.stdout + out.stderr)
-    return (tool, version, exe) if version else None
+    return tool, exe, proc
+
+
+def _finish(proc: subprocess.Popen[bytes], deadline: float) -> str | None:
+    try:
+        out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    return out.decode("utf-8", "replace")
 
 
 def probe(options: ProbeOptions) -> Toolchain:
-    # The tools start in parallel: their start-up (not ours) is what costs time.
-    with ThreadPoolExecutor(max_workers=len(TOOLS)) as pool:
-        found = [r for r in pool.map(_one, TOOLS) if r]
-    return Toolchain({t: v for t, v, _ in found}, {t: p for t, _, p in found})
+    # Every tool starts at once: their start-up (not ours) is what costs time, so it overlaps;
+    # each is then read in turn, all within one TIMEOUT_S.
+    started = [s for s in map(_start, TOOLS) if s]
+    deadline = time.monotonic() + TIMEOUT_S
+    versions: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    try:
+        for tool, exe, how in started:
+            version = how if isinstance(how, str) else None
+            if isinstance(how, subprocess.Popen):
+                out = _finish(how, deadline)
+                version = parse_version(tool, out) if out is not None else None
+            if version:
+                versions[tool], paths[tool] = version, exe
+    finally:
+        for _, _, how in started:
+            if isinstance(how, subprocess.Popen) and how.poll() is None:
+                how.kill()
+                how.communicate()
+    return Toolchain(versions, paths)
