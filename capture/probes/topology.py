@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from capture.probes import ProbeOptions, Skipped
-from capture.probes import amd as _amd
 from capture.probes import nvidia as _nvidia
 
 log = logging.getLogger(__name__)
@@ -232,6 +231,8 @@ def parse_nvidia_topo_m(text: str) -> Topology:
 
 def amdsmi_topology(smi: Any) -> Topology:
     """Read the topology through an initialised amdsmi (the caller shuts it down)."""
+    from capture.probes import amd as _amd  # AMD machines only: an NVIDIA one never imports it
+
     handles = smi.amdsmi_get_processor_handles()
     devices = []
     for i, h in enumerate(handles):
@@ -291,6 +292,8 @@ def _run_rocm_smi(args: Sequence[str]) -> tuple[str | None, str]:
     import shutil  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
+    from capture.probes import amd as _amd
+
     exe = shutil.which("rocm-smi")
     if exe is None:
         return None, "rocm-smi not found"
@@ -330,6 +333,8 @@ def _nvidia_topology() -> tuple[Topology | None, str]:
 
 
 def _amd_topology() -> tuple[Topology | None, str]:
+    from capture.probes import amd as _amd
+
     if not _amd.amd_driver_present():
         return None, "no AMD GPU driver"
     smi, why = _amd.load_amdsmi()
