@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from capture.errors import ArtifactMismatch, CaptureError
-from capture.manifest import new_manifest, to_toml_value
+from capture.manifest import new_manifest, section_text, to_toml_value
 from capture.probes import ProbeOptions, Skipped, as_table
 from capture.redact import redact_text, redact_value
 
@@ -148,12 +148,13 @@ def _section_table(section: str, result: Any, options: ProbeOptions) -> Any:
     return _table(result)
 
 
-def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: bool) -> tuple[Any, float]:
-    """One probe, wherever the fan-out runs it: its table (plain values: it may cross a pipe) and
+def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: bool) -> tuple[Any, str | None, float]:
+    """One probe, wherever the fan-out runs it: its table (plain values: it may cross a pipe), that
+    table as TOML text (:func:`capture.manifest.section_text`; None for an array of tables) and
     its own time. Raises what ``collect`` must raise: a user error, an artifact mismatch."""
     t0 = time.perf_counter()
     if entry[0] in ARTIFACT_SECTIONS and not getattr(options, entry[0]):
-        return None, time.perf_counter() - t0  # none asked for: the section is left out, nothing imported
+        return None, None, time.perf_counter() - t0  # none asked for: the section is left out, nothing imported
     result = _run_probe(*entry, options, raise_user_errors)
     if options.verify_artifacts and raise_user_errors and entry[0] in ARTIFACT_SECTIONS and isinstance(result, list):
         # ``--verify-artifacts``: a blob that does not match its id is an error (exit 6), not a quiet field.
@@ -162,7 +163,9 @@ def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: 
         for info in result:
             if isinstance(info, ArtifactInfo):
                 check_verified(info)
-    return _section_table(entry[0], result, options), time.perf_counter() - t0
+    table = _section_table(entry[0], result, options)
+    text = section_text(entry[0], table) if isinstance(table, dict) else None
+    return table, text, time.perf_counter() - t0
 
 
 def _first_error(outcomes: list[tuple[bool, Any]]) -> CaptureError | None:
@@ -176,13 +179,17 @@ def _first_error(outcomes: list[tuple[bool, Any]]) -> CaptureError | None:
 
 def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
             timings: Timings | None = None, raise_user_errors: bool = True,
-            fanout: str | None = None) -> dict[str, Any]:
+            fanout: str | None = None, rendered: dict[str, str] | None = None) -> dict[str, Any]:
     """Probe this machine and return a manifest dict (unsigned, not yet written).
 
     ``raise_user_errors``: a :class:`CaptureError` from a probe (a ``--model`` that is not in the
     cache) propagates, and so does :class:`ArtifactMismatch` (exit 6) when ``verify_artifacts``
     finds a blob that does not match its id; `verify` turns it off so that a missing or corrupt
     artifact is reported as drift.
+
+    ``rendered``: filled with each section's TOML text, made where its probe ran; pass it to
+    :func:`capture.manifest.dumps` with this manifest, unchanged, to write it without rendering
+    those sections again.
 
     ``fanout``: ``auto``, ``fork`` or ``threads`` (:func:`capture.probes._fanout.choose`);
     None reads ``CAPTURE_FANOUT``, else ``auto``: forked processes on a machine with cores to
@@ -215,12 +222,14 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     sections: dict[str, Any] = {}
     for (section, _, _), (ok, value) in zip(PROBES, outcomes):
         if not ok:  # only unexpected failures are left (a probe's process died): say so in its table
-            value = (_table(Skipped(redact_text(f"probe failed: {value}"))), 0.0)
-        table, secs = value
+            value = (_table(Skipped(redact_text(f"probe failed: {value}"))), None, 0.0)
+        table, text, secs = value
         if timings is not None:
             timings.probes[section] = secs
         if table is not None:
             sections[section] = table
+        if rendered is not None and text is not None:
+            rendered[section] = text
     manifest["accelerator"] = accelerator_summary(sections)
     manifest.update(sections)
     return manifest

@@ -148,9 +148,31 @@ def ordered(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {k: norm[k] for k in keys}
 
 
-def dumps(manifest: Mapping[str, Any]) -> bytes:
-    """The manifest body as UTF-8 TOML bytes; always ends with a newline."""
-    text = tomli_w.dumps(ordered(manifest), multiline_strings=True)
+def section_text(name: str, table: Mapping[str, Any]) -> str:
+    """One top-level table as TOML text, exactly as :func:`dumps` writes it inside a manifest.
+
+    ``table`` must already be TOML-ready (:func:`to_toml_value`). tomli-w writes a document as its
+    top-level plain values, then each table in order, one blank line between them; so a body is
+    its plain values' text joined by ``"\\n"`` with each table's own text. The probes render their
+    tables where they run (side by side), and :func:`dumps` only joins them."""
+    return tomli_w.dumps({name: table}, multiline_strings=True)
+
+
+def dumps(manifest: Mapping[str, Any], rendered: Mapping[str, str] | None = None) -> bytes:
+    """The manifest body as UTF-8 TOML bytes; always ends with a newline.
+
+    ``rendered``: section -> :func:`section_text` of that very section, made beforehand (by
+    :func:`capture.fingerprint.collect`); the bytes are the same as without it. Where a top-level
+    value is an array of tables (``[[models]]``), whose place tomli-w decides by its length, the
+    whole body is written in one go instead."""
+    data = ordered(manifest)
+    if rendered and not any(isinstance(v, list) and any(isinstance(x, Mapping) for x in v) for v in data.values()):
+        plain = {k: v for k, v in data.items() if not isinstance(v, Mapping)}
+        pieces = [tomli_w.dumps(plain, multiline_strings=True)] if plain else []
+        pieces += [rendered.get(k) or section_text(k, v) for k, v in data.items() if isinstance(v, Mapping)]
+        text = "\n".join(pieces)
+    else:
+        text = tomli_w.dumps(data, multiline_strings=True)
     if TRAILER_LINE.decode() in text.splitlines():  # a value can never fake the trailer line
         raise ValueError("manifest body would contain a line that reads [signature]")
     return text.encode("utf-8")

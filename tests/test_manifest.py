@@ -119,3 +119,32 @@ def test_atomic_write_modes(tmp_path: Path):
         assert key.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(umask)
+
+
+def _real_bodies() -> list[bytes]:
+    """Bodies of real signed manifests: this project's committed H200 runs and the trial fixture."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "manifests").glob("[!.]*/*/*.toml")) + [Path(__file__).parent / "fixtures/manifests/h200-trial-llama-1b.toml"]
+    # a signed body ends with the blank line before [signature]
+    return [mf.split_signed(f.read_bytes())[0].rstrip(b"\n") + b"\n" for f in files]
+
+
+def test_sections_rendered_apart_join_into_the_same_bytes() -> None:
+    """capture fingerprint renders each section where its probe ran and joins them: byte for byte
+    what rendering the whole body gives, for every real manifest, with any subset rendered apart."""
+    bodies = _real_bodies()
+    assert len(bodies) >= 5
+    for body in bodies:
+        data = mf.parse_body(body)
+        assert mf.dumps(data) == body
+        tables = {k: v for k, v in mf.ordered(data).items() if isinstance(v, dict)}
+        everything = {k: mf.section_text(k, v) for k, v in tables.items()}
+        assert mf.dumps(data, everything) == body
+        some = {k: t for i, (k, t) in enumerate(everything.items()) if i % 2}
+        assert mf.dumps(data, some) == body
+
+
+def test_an_array_of_tables_is_written_in_one_go() -> None:
+    data = {**mf.new_manifest(), "host": {"os": "x"}, "models": [{"repo": "a/b", "files": {"f": "1"}}]}
+    rendered = {"host": "[host]\nos = \"NOT USED\"\n"}  # would show if the joined path were taken
+    assert mf.dumps(data, rendered) == mf.dumps(data)

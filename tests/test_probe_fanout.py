@@ -134,7 +134,11 @@ def test_fork_and_threads_write_the_same_manifest(tmp_path: Path) -> None:
     threaded = _fingerprint(tmp_path, "threads", "--timings")
     assert forked.returncode == threaded.returncode == 0, forked.stderr + threaded.stderr
     assert "one forked process each" in forked.stderr and "one thread each" in threaded.stderr
+    from capture import manifest as mf
+
     a, b = tomllib.loads(forked.stdout), tomllib.loads(threaded.stdout)
+    # the sections rendered in each probe's own process join into what one rendering gives
+    assert mf.dumps(a) == forked.stdout.encode() and mf.dumps(b) == threaded.stdout.encode()
     assert {"host", "python", "framework", "toolchain", "code", "environment"} <= a.keys()
     a.pop("created_utc"), b.pop("created_utc")  # the second each was written in
     assert a == b

@@ -85,8 +85,9 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
         signing.load_private_key(args.key)
     timings = Timings()
     t0 = time.perf_counter()
-    manifest = collect(options, timings=timings)
-    body = mf.dumps(manifest)
+    rendered: dict[str, str] = {}
+    manifest = collect(options, timings=timings, rendered=rendered)
+    body = mf.dumps(manifest, rendered)
     if args.timings:
         from capture.fingerprint import format_timings
         sys.stderr.write(format_timings(timings, time.perf_counter() - t0))

@@ -15,7 +15,6 @@ import importlib.machinery
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,6 +353,8 @@ def loaded_from_json(data: Mapping[str, Any]) -> LoadedInfo:
 
 def deep_probe(python: str | None = None, timeout_s: float = DEEP_TIMEOUT_S) -> LoadedInfo:
     """Import torch in a subprocess of ``python`` (default: this interpreter) and report what loaded."""
+    import subprocess  # --deep alone starts a process
+
     cmd = [python or sys.executable, "-c", _DEEP_SCRIPT]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
@@ -505,6 +503,9 @@ def parse_smi_xml(text: str) -> NvidiaInfo:
 
 def run_smi(args: Sequence[str], timeout_s: float | None = None) -> tuple[str | None, str]:
     """Run ``nvidia-smi ARGS``: ``(stdout, "")`` on success, ``(None, why not)`` otherwise."""
+    import shutil  # the fallback's alone: ~10 ms of imports that the NVML path never needs
+    import subprocess
+
     timeout_s = SMI_TIMEOUT_S if timeout_s is None else timeout_s
     exe = shutil.which("nvidia-smi")
     if exe is None:
