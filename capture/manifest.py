@@ -240,7 +240,7 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
             "a manifest is UTF-8 TOML; regenerate it with `capture fingerprint`",
         ) from None
     try:
-        data = _tomllib().loads(text)
+        data: dict[str, Any] = _tomllib().loads(text)
     except _tomllib().TOMLDecodeError as exc:
         reason = str(exc).splitlines()[0]
         raise ManifestError(f"{source}: not valid TOML ({reason})",

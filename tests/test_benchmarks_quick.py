@@ -17,6 +17,7 @@ QUICK = {
                                                                   "import-time breakdown", "superset:")),
     "trial_overhead.py": (["--rounds", "1", "--steps", "2", "--warmup", "1", "--device", "cpu"],
                           ("baseline", "overhead")),
+    "find_max_batch.py": (["--quick"], ("ratio against the baseline", "capped at 64", "peak resident memory")),
 }
 
 
