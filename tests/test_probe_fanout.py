@@ -151,3 +151,28 @@ def test_a_user_error_in_a_forked_probe_is_the_same_one_line_error(tmp_path: Pat
     assert forked.stderr == threaded.stderr
     assert forked.stderr.startswith("error: ") and "hf download org/not-cached" in forked.stderr
     assert forked.stdout == ""
+
+
+def test_each_child_holds_only_its_own_pipe() -> None:
+    """A forked child keeps one pipe beyond stdio, its own write end: not its siblings' read ends."""
+    done = _python("""
+        import json, os
+        from capture.probes import _fanout
+
+        def pipes():
+            out = []
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if int(name) > 2 and os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                        out.append(int(name))
+                except FileNotFoundError:  # the descriptor listdir itself used
+                    pass
+            return sorted(out)
+
+        outcomes, how, _ = _fanout.run([pipes] * 5, "fork")
+        print(json.dumps([how, [value for ok, value in outcomes]]))
+    """)
+    assert done.returncode == 0, done.stderr
+    how, per_child = json.loads(done.stdout)
+    assert how == "fork"
+    assert all(len(fds) == 1 for fds in per_child), per_child

@@ -29,7 +29,8 @@ choice; ``fork`` still falls back to threads while forking is unsafe.
 
 The parent unpickles only what its own forked child wrote into a pipe that no other process
 holds (``os.pipe`` descriptors are not inherited across ``exec``): nothing read from a file or
-from another program goes through pickle.
+from another program goes through pickle. A child closes the read ends of its siblings' pipes it
+inherited, so each holds its own write end and nothing else.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def _run_forked(jobs: Sequence[Callable[[], Any]]) -> list[Outcome]:
                 leftover = jobs[i:]
                 break
             if pid == 0:
-                os.close(r)
+                for fd in [r, *(earlier for _, earlier in children)]:  # only its own pipe's write end
+                    os.close(fd)
                 _child(job, w)
             os.close(w)
             children.append((pid, r))
