@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -199,6 +200,7 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     from capture.probes import _fanout, _fs
 
     _fs.forget()  # each fingerprint lists folders afresh, once
+    _fs.prime(sys.path)  # before the fan-out: the packages and framework probes both read these
     manifest = new_manifest(kind)
     manifest["probe"] = {
         "deep": options.deep,

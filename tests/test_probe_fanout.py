@@ -176,3 +176,28 @@ def test_each_child_holds_only_its_own_pipe() -> None:
     how, per_child = json.loads(done.stdout)
     assert how == "fork"
     assert all(len(fds) == 1 for fds in per_child), per_child
+
+
+@pytest.mark.parametrize("mode", ["fork", "threads"])
+def test_site_packages_is_listed_once_per_fingerprint(tmp_path: Path, mode: str) -> None:
+    """The packages and framework probes both read the import path's folders: listed once, before
+    the fan-out, and inherited by the forked probes."""
+    log = tmp_path / "listdir.log"
+    done = _python(f"""
+        import os, site, sys
+        real = os.listdir
+        def counted(path="."):
+            with open({str(log)!r}, "a") as f:
+                f.write(os.fspath(path) + "\\n")
+            return real(path)
+        os.listdir = counted
+        from capture.fingerprint import collect
+        from capture.probes import ProbeOptions
+        m = collect(ProbeOptions(progress=False), fanout={mode!r})
+        assert "torch" in m["python"]["packages"] and m["framework"]["version"]
+        print(site.getsitepackages()[0])
+    """)
+    assert done.returncode == 0, done.stderr
+    site_packages = done.stdout.strip()
+    listed = log.read_text().splitlines()
+    assert listed.count(site_packages) == 1, [p for p in listed if "site-packages" in p]
