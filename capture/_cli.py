@@ -96,15 +96,19 @@ def run() -> None:
 
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         raise SystemExit(code)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        raise SystemExit(code) from None
+    if not _flushed():
+        raise SystemExit(code)
     atexit._run_exitfuncs()
+    if not _flushed():  # what the handlers wrote
+        raise SystemExit(code)
+    os._exit(code)
+
+
+def _flushed() -> bool:
+    """Flush stdout and stderr; False when either cannot be (a closed pipe, a full disk)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except (OSError, ValueError):
-        raise SystemExit(code) from None
-    os._exit(code)
+        return False
+    return True

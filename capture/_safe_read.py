@@ -34,6 +34,10 @@ CONFIG_MAX_BYTES = 1 * MIB
 KEY_MAX_BYTES = 64 * KIB
 """Key files (exit 2); an Ed25519 private key in OpenSSH format is about 400 bytes."""
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+"""Read-only, never blocking on a FIFO's open, not inherited by programs started later, never a
+controlling terminal."""
+
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
@@ -58,7 +62,7 @@ def read_regular(path: str | os.PathLike[str], limit_bytes: int,
     """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit_bytes``."""
     shown = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         raise
     except OSError as exc:
@@ -99,7 +103,7 @@ def read_prefix(path: str | os.PathLike[str], limit_bytes: int) -> bytes | None:
     files that other programs own (package metadata, build configs): never raises, never blocks,
     never reads more than the limit."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except (OSError, ValueError):
         return None
     try:

@@ -136,23 +136,20 @@ def format_timings(timings: Timings, total_s: float | None = None) -> str:
 ARTIFACT_SECTIONS = ("models", "datasets")
 
 
-def _section_table(section: str, result: Any, options: ProbeOptions) -> Any:
-    """The section's TOML-ready table, or None where the section is left out of the manifest
-    (no ``--model`` / ``--dataset`` asked for)."""
-    if section in ARTIFACT_SECTIONS:
-        if not isinstance(result, list):
-            if isinstance(result, Skipped) and not getattr(options, section):
-                return None
-            result = [result]
-        if not result:
-            return None
+def _section_table(section: str, result: Any) -> Any:
+    """The section's TOML-ready table; a models/datasets probe that failed as a whole (a
+    :class:`Skipped`) becomes a one-entry array saying so."""
+    if section in ARTIFACT_SECTIONS and not isinstance(result, list):
+        result = [result]
     return _table(result)
 
 
-def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: bool) -> tuple[Any, str | None, float]:
-    """One probe, wherever the fan-out runs it: its table (plain values: it may cross a pipe), that
-    table as TOML text (:func:`capture.manifest.section_text`; None for an array of tables) and
-    its own time. Raises what ``collect`` must raise: a user error, an artifact mismatch."""
+def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: bool,
+         render: bool) -> tuple[Any, str | None, float]:
+    """One probe, wherever the fan-out runs it: its table (plain values: it may cross a pipe), with
+    ``render`` that table as TOML text (:func:`capture.manifest.section_text`; None for an array
+    of tables, or without ``render``) and its own time. Raises what ``collect`` must raise: a user
+    error, an artifact mismatch."""
     t0 = time.perf_counter()
     if entry[0] in ARTIFACT_SECTIONS and not getattr(options, entry[0]):
         return None, None, time.perf_counter() - t0  # none asked for: the section is left out, nothing imported
@@ -164,8 +161,8 @@ def _job(entry: tuple[str, str, str], options: ProbeOptions, raise_user_errors: 
         for info in result:
             if isinstance(info, ArtifactInfo):
                 check_verified(info)
-    table = _section_table(entry[0], result, options)
-    text = section_text(entry[0], table) if isinstance(table, dict) else None
+    table = _section_table(entry[0], result)
+    text = section_text(entry[0], table) if render and isinstance(table, dict) else None
     return table, text, time.perf_counter() - t0
 
 
@@ -213,7 +210,9 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     # run while the other probes import and read; results are placed in PROBES order.
     order = sorted(PROBES, key=_start_order)
     t0 = time.perf_counter()
-    ran, how, why = _fanout.run([lambda e=entry: _job(e, options, raise_user_errors) for entry in order], fanout)
+    render = rendered is not None  # only a caller that writes the manifest as collected wants the text
+    ran, how, why = _fanout.run([lambda e=entry: _job(e, options, raise_user_errors, render) for entry in order],
+                                fanout)
     by_entry = dict(zip(order, ran))
     outcomes = [by_entry[entry] for entry in PROBES]
     if timings is not None:
@@ -230,7 +229,7 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
             timings.probes[section] = secs
         if table is not None:
             sections[section] = table
-        if rendered is not None and text is not None:
+        if render and text is not None:
             rendered[section] = text
     manifest["accelerator"] = accelerator_summary(sections)
     manifest.update(sections)

@@ -105,11 +105,14 @@ def _finish(proc: subprocess.Popen[bytes], deadline: float) -> str | None:
 def probe(options: ProbeOptions) -> Toolchain:
     # Every tool starts at once: their start-up (not ours) is what costs time, so it overlaps;
     # each is then read in turn, all within one TIMEOUT_S.
-    started = [s for s in map(_start, TOOLS) if s]
-    deadline = time.monotonic() + TIMEOUT_S
+    started: list[tuple[str, str, str | subprocess.Popen[bytes]]] = []
     versions: dict[str, str] = {}
     paths: dict[str, str] = {}
     try:
+        for tool in TOOLS:
+            if (one := _start(tool)) is not None:
+                started.append(one)
+        deadline = time.monotonic() + TIMEOUT_S
         for tool, exe, how in started:
             version = how if isinstance(how, str) else None
             if isinstance(how, subprocess.Popen):
