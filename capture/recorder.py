@@ -20,9 +20,10 @@ Per step: CUDA events on a GPU (read once, after the loop), ``perf_counter`` on 
 peak is in the accelerator catalog; peak allocated and reserved memory and the device's own
 figure (NVML/amdsmi; peak RSS on a CPU). Validation and checkpoint blocks are timed on their own.
 
-Under ``torch.distributed`` every rank measures and every rank must call :meth:`write_manifest`
-(it is a collective): rank 0 gathers each rank's figures and stack, names the slowest rank, warns
-when the ranks' stacks differ, and writes one signed manifest; the other ranks write nothing.
+Under ``torch.distributed`` every rank measures and every rank must call :meth:`write_manifest`:
+each leaves its figures and stack in the process group's store; rank 0 waits for them all, names
+the slowest rank, warns when the ranks' stacks differ, and writes one signed manifest; the other
+ranks write nothing.
 Under ``capture exec`` the figures also go to the side file that exec merges into its manifest.
 The framework callbacks (:mod:`capture.integrations.hf`, :mod:`capture.integrations.lightning`)
 are thin layers over the methods below.

@@ -64,3 +64,47 @@ def test_summary_of_identical_ranks_has_no_warning():
     assert g.table["slowest_rank"] == 1 and g.table["step_time_spread"] == pytest.approx(1.0)
     assert g.table["tokens_per_s_all_ranks"] == 20.0
     assert stack_differences({0: {"driver": "550"}, 1: {"driver": "560"}}) == ["driver: 550 (rank 0), 560 (rank 1)"]
+
+
+def _record(rank: int) -> dict:
+    return {"record": {"rank": rank, "hostname": "a", "stack_sha256": "d" * 64, "step_time_mean_s": 0.1 * (rank + 1)},
+            "stack": {"torch": "2.13.0", "packages": {"x": "1"}}}
+
+
+def test_exchange_through_a_real_store_rank_0_reads_every_rank_in_order_and_leaves_no_keys():
+    import torch.distributed as dist
+
+    from capture.integrations.distributed import exchange
+
+    base = dist.HashStore()
+    store = dist.PrefixStore("capture/recorder/0/", base)
+    assert exchange(store, 2, 3, _record(2)) is None and exchange(store, 1, 3, _record(1)) is None  # no waiting
+    got = exchange(store, 0, 3, _record(0))
+    assert [r["record"]["rank"] for r in got] == [0, 1, 2] and got[1] == _record(1)
+    assert base.num_keys() == 0  # rank 0 deleted what the ranks wrote
+
+
+def test_exchange_names_the_ranks_that_never_wrote_when_the_store_times_out():
+    import datetime
+
+    import torch.distributed as dist
+
+    from capture.integrations.distributed import exchange
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=0.2))
+    exchange(store, 2, 4, _record(2))
+    with pytest.raises(RuntimeError, match=r"ranks 1, 3 never called write_manifest"):
+        exchange(store, 0, 4, _record(0))
+
+
+@pytest.mark.parametrize("raw", [b"\xff", b"[]", b'{"record": {"rank": 0}, "stack": {}}', b'{"record": {"rank": 5, "stack_sha256": "d"}, "stack": {}}'])
+def test_exchange_refuses_a_record_capture_did_not_write(raw):
+    import torch.distributed as dist
+
+    from capture.integrations.distributed import exchange
+
+    store = dist.HashStore()
+    store.set("1", raw)  # another writer on the unauthenticated store
+    with pytest.raises(ValueError, match="rank 1 is not one"):
+        exchange(store, 0, 2, _record(0))

@@ -4,18 +4,33 @@ Each rank sends a small record: its step statistics, memory, data wait and a sum
 stack (driver, torch, NCCL/RCCL, CUDA/HIP, GPU model, Python, every package version) with the
 SHA-256 of that summary. Rank 0 groups the ranks by host, names the slowest rank (highest mean
 step time) and lists every stack field on which ranks disagree, so a run whose nodes were not
-the same machine says so in the signed record. The exchange is ``all_gather_object``, which
-works on gloo and NCCL alike; with NCCL it needs ``torch.cuda.set_device`` done, as torchrun
-scripts do anyway.
+the same machine says so in the signed record.
+
+The records travel as JSON through the process group's key-value store (the one torchrun or
+``init_process_group`` set up), not through a collective: every rank writes its own key and
+returns, rank 0 waits for all keys, reads and deletes them. A collective was tried first
+(``all_gather_object``) and crashed one run in ~30 under gloo: the backend's worker thread drops
+its last reference to the gathered tensors after the caller has moved on, must take the
+interpreter lock to do so, and a rank whose script ends right after ``write_manifest`` may be
+finalizing by then, where Python ends the thread through a C++ frame that cannot unwind
+(``terminate called without an active exception``; the core showed
+``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``). The store needs no
+worker thread, no device tensors and no ``torch.cuda.set_device``, so gloo, NCCL and RCCL runs
+exchange the same way, and nothing received is unpickled.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+_KEY_PREFIX = "capture/recorder"
+_exchanges = itertools.count()
+"""Numbers each exchange of this process: every rank calls :func:`gather` equally often."""
 
 STACK_DIGEST_INPUTS = ("driver, torch, torch's CUDA/HIP build, NCCL/RCCL, accelerator model and count, "
                        "Python version and every installed package version (sha256 of their JSON)")
@@ -161,17 +176,46 @@ def summarize_ranks(records: list[dict[str, Any]]) -> Gathered:
 
 
 def gather(result: Any, trial: Mapping[str, Any], manifest: Mapping[str, Any]) -> Gathered | None:
-    """Collective: every rank calls it. None when not distributed."""
+    """Every rank calls it (like a collective). None when not distributed."""
     w = world()
     if w is None:
         return None
     import torch.distributed as dist
 
     rank, size = w
-    mine = _rank_record(rank, result, trial, manifest)
-    everyone: list[Any] = [None] * size
-    dist.all_gather_object(everyone, mine)
-    if rank != 0:
-        return Gathered(False)
-    return summarize_ranks(everyone)
+    store = dist.PrefixStore(f"{_KEY_PREFIX}/{next(_exchanges)}/", dist.distributed_c10d._get_default_store())
+    everyone = exchange(store, rank, size, _rank_record(rank, result, trial, manifest))
+    return Gathered(False) if everyone is None else summarize_ranks(everyone)
 
+
+def exchange(store: Any, rank: int, size: int, mine: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Write this rank's record under its own key of ``store``; on rank 0 wait for every rank's,
+    read them in rank order and delete them. Other ranks return None without waiting.
+
+    Rank 0 waits as long as the store's timeout (the process group's, 30 minutes unless set)
+    and then names the ranks that never wrote."""
+    store.set(str(rank), json.dumps(mine, sort_keys=True, default=str))
+    if rank != 0:
+        return None
+    keys = [str(r) for r in range(size)]
+    try:
+        store.wait(keys)
+    except RuntimeError as exc:  # DistStoreError: the store's timeout ran out
+        missing = [k for k in keys if not store.check([k])]
+        raise RuntimeError(f"capture: rank 0 waited for every rank's record; ranks {', '.join(missing) or '?'} "
+                           f"never called write_manifest ({str(exc).splitlines()[0][:200]})") from None
+    records = [_decode(store.get(k), r) for r, k in enumerate(keys)]
+    for k in keys:
+        store.delete_key(k)
+    return records
+
+
+def _decode(raw: bytes, rank: int) -> dict[str, Any]:
+    try:
+        rec = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        rec = None
+    if not (isinstance(rec, dict) and isinstance(rec.get("record"), dict) and isinstance(rec.get("stack"), dict)
+            and rec["record"].get("rank") == rank and isinstance(rec["record"].get("stack_sha256"), str)):
+        raise ValueError(f"capture: the store's record for rank {rank} is not one this version of capture wrote")
+    return rec

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 
@@ -56,4 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # Not a normal interpreter exit: gloo's worker threads may still hold the last reference to
+    # the all-reduced tensor and take the interpreter lock to drop it while Python finalizes,
+    # which aborts the process (terminate called without an active exception) after its result
+    # was written. The result file is closed; stdout and stderr are flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
