@@ -80,6 +80,8 @@ def _wandb_records(path: Path):
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):
+            break  # a record still being written
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
@@ -105,6 +107,13 @@ def test_wandb_offline_run_holds_the_artifact_and_scalars(recorded, tmp_path, mo
     tracker = WandB(init={"project": "capture-test", "dir": str(tmp_path)})
     tracker.log(out, rec.trial_table())
     log = next(Path(tracker.run_dir).glob("run-*.wandb"))
+    # finish() returns once wandb's service has taken the exit record; the service writes and closes
+    # the log in its own process, so read it until the exit record is in (CI once read it without
+    # the history rows)
+    deadline = time.monotonic() + 60
+    while "exit" not in (kinds := [r.WhichOneof("record_type") for r in _wandb_records(log)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert kinds.count("history") == len(rec.result.step_time_s), (log.stat().st_size, kinds)
     steps, summary, artifacts = [], {}, []
     for r in _wandb_records(log):
         kind = r.WhichOneof("record_type")
