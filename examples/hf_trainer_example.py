@@ -56,8 +56,8 @@ def main(argv: list[str], trackers: tuple = ()) -> object:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-    # Under torchrun: take the process group down before the interpreter does, as PyTorch asks.
-    # Left to interpreter exit, a rank can abort there ("terminate called without an active
-    # exception", SIGABRT), and torchrun then fails the whole run after the manifest was written.
+    # Under torchrun: take the process group down before the interpreter does, as PyTorch asks,
+    # so that pending collectives finish first (NCCL warns at exit otherwise). The framework's
+    # process group outlives fit/train.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
