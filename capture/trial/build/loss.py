@@ -150,3 +150,65 @@ class Loss:
                 need = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
                 total = ChunkedLinearCrossEntropy.apply(h, weight, y, self.chunk, self.softcap, self.scale, compute, need)
         return total / count
+
+
+# --------------------------------------------------------------------------- the logits term
+
+
+def liger_chunk(tokens: int, vocab: int, hidden: int) -> int:
+    """liger-kernel's chunk: the tokens whose logits take about as much as the hidden states."""
+    inc = -(-vocab // hidden)
+    want = -(-tokens // inc)
+    return min(tokens, 1 << max(0, (want - 1).bit_length()))
+
+
+def loss_forward(tr: Any, kind: str, liger: bool, T: int, V: int, h: int, a: int, r: int, mixed: bool,
+                 head_trains: bool, chunk: int) -> dict[str, Any]:
+    """The output projection and the loss in the forward pass; returns what its backward frees."""
+    held: dict[str, Any] = {"saved": [], "casts": []}
+    if mixed and r == 4:  # autocast casts lm_head's fp32 weight once; saved for backward
+        held["casts"].append(tr.alloc(V * h * 2, "autocast_weight_copies"))
+    if kind == "standard":
+        logits = tr.alloc(a * V * T, "logits")
+        up = tr.alloc(4 * V * T, "logits") if a != 4 else -1
+        held["saved"].append(tr.alloc(4 * V * T, "logits"))  # log_softmax output
+        tr.free(up)
+        tr.free(logits)  # the model output (and its logits) is dropped once .loss is read
+        return held
+    c = 2 if mixed else a
+    if mixed and r != 2:
+        held["casts"].append(tr.alloc(c * h * T, "logits"))  # hidden.to(compute)
+    held["grad_h"] = tr.alloc((c if liger else r) * h * T, "logits")
+    if head_trains:
+        held["grad_w"] = tr.alloc(V * h * (4 if r == 4 else r), "gradients")
+    if liger:
+        buf = tr.alloc(c * liger_chunk(T, V, h) * V, "transient")
+        tr.alloc(4 * T, "transient")
+        tr.free(buf)
+    else:
+        n = min(chunk, T)
+        z = tr.alloc(4 * n * V, "transient")
+        g = tr.alloc(4 * n * V, "transient")
+        tr.free(z)
+        g16 = tr.alloc(c * n * V, "transient")
+        tr.free(g, g16)
+    return held
+
+
+def loss_backward(tr: Any, held: dict[str, Any], kind: str, T: int, V: int, h: int, a: int, r: int,
+                  head_grad: Any) -> int:
+    """The loss's backward down to the gradient of the final hidden states (returned)."""
+    if kind == "standard":
+        g_nll = tr.alloc(4 * V * T, "logits")
+        g_ls = tr.alloc(4 * V * T, "logits")
+        tr.free(*held["saved"])
+        tr.free(g_nll)
+        g16 = tr.alloc(a * V * T, "logits") if a != 4 else -1
+        tr.free(g_ls)
+        g_y = tr.alloc(a * h * T, "transient")
+        head_grad()
+        tr.free(g16)
+        tr.free(*held["casts"])
+        return g_y
+    tr.free(*held["casts"])
+    return held["grad_h"]

@@ -491,3 +491,61 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+# --------------------------------------------------------------------------- the weights term
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    numel: int
+    bytes_per: float
+    """Bytes per parameter as stored (0.5 + statistics for nf4, 1 + scales for int8)."""
+    storage: str
+    """fp32 | bf16 | fp16 | nf4 | int8"""
+    trainable: bool
+    kind: str
+    """embedding | output | linear | lora | other"""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.numel * self.bytes_per)
+
+
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+"""nf4 with double quantization (QLoRA): 4 bits a weight, an 8-bit absmax per 64, an fp32 absmax per 256 of those."""
+INT8_BYTES = 1.0
+
+
+def param_plan(model: Any, quantization: str, weight_bytes: int) -> list[Param]:
+    """Every parameter of ``model`` (a meta model: shapes only) as it will be stored, in build
+    order. Linear layers of a quantized model store ``quantization`` (all but the output
+    embedding, the rule of :func:`quantize_linears` and of transformers' bitsandbytes loader)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out_emb = base.get_output_embeddings()
+    in_emb = base.get_input_embeddings()
+    quant_ids: set[int] = set()
+    if quantization != "none":
+        for mod in base.modules():
+            if type(mod) is torch.nn.Linear and mod is not out_emb:
+                quant_ids.add(id(mod.weight))
+    seen: set[int] = set()
+    plan: list[Param] = []
+    out_w = getattr(out_emb, "weight", None)
+    in_w = getattr(in_emb, "weight", None)
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if "lora_" in name:
+            plan.append(Param(name, p.numel(), p.element_size(), SHORT.get(p.dtype, "fp32"), p.requires_grad, "lora"))
+            continue
+        kind = "embedding" if p is in_w else "output" if p is out_w else "linear" if p.ndim == 2 else "other"
+        if id(p) in quant_ids:
+            per = NF4_BYTES if quantization == "nf4" else INT8_BYTES + 4 / max(1, p.shape[1])
+            plan.append(Param(name, p.numel(), per, quantization, False, kind))
+        else:
+            plan.append(Param(name, p.numel(), weight_bytes, {4: "fp32", 2: "bf16"}.get(weight_bytes, "bf16"),
+                              p.requires_grad, kind))
+    return plan

@@ -110,3 +110,46 @@ def state_facts(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
     return {"state_bytes": sum(by_dtype.values()), "state_bytes_by_dtype": dict(sorted(by_dtype.items())),
             "params_with_state": len(optimizer.state)}
+
+
+# --------------------------------------------------------------------------- the optimizer term
+
+
+def state_bytes(name: str, numel: int, shape: tuple[int, ...], param_bytes: int, momentum: float = 0.0,
+                min_8bit_size: int = 4096) -> int:
+    """Bytes of one parameter's optimizer state, as each optimizer keeps it."""
+    if name in ("adamw", "adam"):
+        return 2 * numel * param_bytes
+    if name == "sgd":
+        return numel * param_bytes if momentum > 0 else 0
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        if numel < min_8bit_size:
+            return 2 * numel * 4
+        return 2 * numel + 2 * 4 * ((numel + 255) // 256) + 2 * 256 * 4  # uint8 moments, absmax per 256, qmaps
+    if name == "adafactor":
+        if len(shape) >= 2:
+            rows = numel // shape[-1]
+            cols = numel // shape[-2]
+            return (rows + cols) * param_bytes
+        return numel * param_bytes
+    raise ValueError(name)
+
+
+def implementation(name: str, fused: str, device_type: str) -> str:
+    """How torch runs the step: ``fused`` (one kernel, in place), ``foreach`` (grouped kernels
+    with list temporaries) or ``for-loop`` (one parameter at a time); bitsandbytes: ``8bit``."""
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        return "8bit"
+    if name in ("adamw", "adam", "sgd") and (fused == "on" or (fused == "auto" and device_type == "cuda")):
+        return "fused"
+    return "foreach" if device_type == "cuda" else "for-loop"
+
+
+def step_transient_bytes(impl: str, name: str, trainable: list[tuple[int, int]]) -> int:
+    """Temporaries of one optimizer step over ``trainable`` (numel, bytes) parameters: foreach
+    AdamW keeps the square root of every second moment at once; a for-loop one parameter's."""
+    if impl in ("fused", "8bit") or not trainable or name == "sgd":
+        return 0
+    if impl == "foreach":
+        return sum(n * b for n, b in trainable)
+    return max(n * b for n, b in trainable) * (2 if name == "adafactor" else 1)
