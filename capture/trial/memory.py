@@ -226,8 +226,7 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
         for _ in range(plan.layers):
             if plan.gradient_checkpointing:
                 inputs.append(x)
-                x, run = layer.forward(tr, x, keep_input=True)
-                tr.free(*run.saved, *run.casts)
+                x, run = layer.forward(tr, x, keep_input=True, checkpointed=True)
             else:
                 x, run = layer.forward(tr, x)
             runs.append(run)

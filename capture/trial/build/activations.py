@@ -96,6 +96,8 @@ class LayerRun:
 
     saved: list[int] = field(default_factory=list)
     casts: list[int] = field(default_factory=list)
+    cast_of: dict[str, int] = field(default_factory=dict)
+    """The autocast copy of each linear's weight, freed by that linear's backward."""
     mlp_start: int = 0
     """Index in ``saved`` where the MLP block's tensors begin (its backward runs first)."""
 
@@ -221,6 +223,7 @@ class LayerModel:
         if p.mixed and lin.quantized is None:
             w = tr.alloc(lin.numel * 2, "autocast_weight_copies")
             run.casts.append(w)
+            run.cast_of[lin.name] = w
             if x_bytes != 2:
                 xc = tr.alloc(2 * lin.in_f * T, "activations" if lin.trainable else "transient")
                 if lin.trainable:
@@ -281,10 +284,11 @@ class LayerModel:
 
     # ---- forward
 
-    def forward(self, tr: Any, x_id: int, keep_input: bool = False) -> tuple[int, LayerRun]:
+    def forward(self, tr: Any, x_id: int, keep_input: bool = False, checkpointed: bool = False) -> tuple[int, LayerRun]:
         """Forward of one layer over the residual stream ``x_id`` (r bytes); returns the new
         residual stream and what the backward needs. ``keep_input``: the input stays alive (a
-        checkpointed layer keeps it for the recompute)."""
+        checkpointed layer keeps it for the recompute). ``checkpointed``: nothing is saved: each
+        block's tensors die when the block ends (the forward of a checkpointed layer)."""
         s, p, T, h = self.s, self.p, self.T, self.s.hidden
         run = LayerRun()
         lc: dict[str, int] = {}
@@ -346,6 +350,9 @@ class LayerModel:
         tr.free(*o_out)
         if not keep_input:
             tr.free(x_id)
+        if checkpointed:
+            tr.free(*run.saved, *run.casts)
+            run.saved, run.casts, run.cast_of = [], [], {}
         run.mlp_start = len(run.saved)
         # MLP block
         self._norm(tr, run, p.r)
@@ -385,6 +392,9 @@ class LayerModel:
         out = tr.alloc(p.r * h * T, "transient")
         tr.free(*d_out)
         tr.free(h1)
+        if checkpointed:
+            tr.free(*run.saved, *run.casts)
+            run.saved, run.casts, run.cast_of = [], [], {}
         return out, run
 
     # ---- backward
@@ -393,6 +403,15 @@ class LayerModel:
         """Backward of one layer: input gradients as transients, weight gradients through
         ``grads(linear)`` (which allocates them), the layer's saved tensors released."""
         s, p, T, h, i = self.s, self.p, self.T, self.s.hidden, self.s.intermediate
+        weight_grads = grads
+
+        def grads(lin: Linear) -> None:
+            weight_grads(lin)
+            w = run.cast_of.pop(lin.name, -1)
+            tr.free(w)
+            if w > 0:
+                run.casts.remove(w)
+
         # MLP: grad of the down projection's input, the product's operands, the gate
         gp = tr.alloc(p.a * i * T, "transient")
         for lin in s.by_role("mlp_out"):
