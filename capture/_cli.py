@@ -20,7 +20,7 @@ COMMAND_GROUPS = ("core", "trial", "image", "results", "preflight", "exec", "dec
 # time). A command missing here still works: every group is then imported, as for `capture --help`.
 COMMAND_GROUP_OF = {
     "fingerprint": "core", "keygen": "core", "sign": "core", "verify": "core", "diff": "core",
-    "trial": "trial", "image": "image", "run": "image",
+    "trial": "trial", "estimate": "trial", "image": "image", "run": "image",
     "pin": "results", "compare": "results", "show": "results", "export": "results",
     "preflight": "preflight", "exec": "exec", "decide": "decide", "init": "decide",
 }

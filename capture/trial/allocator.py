@@ -164,7 +164,7 @@ class Replay:
 
 
 def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
-    """Run ``events``: ``("alloc", id, nbytes, tag)``, ``("free", id)``, ``("phase", name)``,
+    """Run ``events``: ``("alloc", id, nbytes, tag)``, ``("free", id)``, ``("retag", id, tag)``, ``("phase", name)``,
     ``("empty_cache",)``, ``("reset_peaks",)``. Peaks count from the last ``reset_peaks``."""
     alloc = CachingAllocator()
     live: dict[int, tuple[tuple[int, int], int, str]] = {}
@@ -198,6 +198,13 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
                 small -= size
             else:
                 large -= size
+        elif kind == "retag":
+            _, tid, tag = ev
+            handle, size, old = live[tid]
+            if old != tag:
+                live[tid] = (handle, size, tag)
+                by_tag[old] -= size
+                by_tag[tag] = by_tag.get(tag, 0) + size
         elif kind == "phase":
             phase = ev[1]
         elif kind == "empty_cache":

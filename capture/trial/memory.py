@@ -113,6 +113,13 @@ class Trace:
             if i is not None and i > 0:
                 self.events.append(("free", i))
 
+    def keep(self, ids: list[int], *new: int, tag: str = "activations") -> None:
+        """``new`` tensors are saved for backward: appended to ``ids`` and counted under ``tag``."""
+        for i in new:
+            if i is not None and i > 0:
+                ids.append(i)
+                self.events.append(("retag", i, tag))
+
     def mark(self, *event: Any) -> None:
         self.events.append(event)
 

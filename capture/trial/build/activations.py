@@ -196,24 +196,24 @@ class LayerModel:
         """RMSNorm/LayerNorm on the residual stream: the saved upcast, temporaries, the output."""
         s, p, T, h = self.s, self.p, self.T, self.s.hidden
         if s.norm_kind == "layernorm":
-            run.saved.append(tr.alloc(T * 8, "activations"))  # mean, rstd
+            tr.keep(run.saved, tr.alloc(T * 8, "activations"))  # mean, rstd
             if p.r == 2 or s.norm_trainable:
                 pass
             return
         up = tr.alloc(4 * h * T, "activations")  # x.float(), saved by pow and mul
         sq = tr.alloc(4 * h * T, "transient")
         tr.free(sq)
-        run.saved.append(tr.alloc(4 * T, "activations"))  # rsqrt
+        tr.keep(run.saved, tr.alloc(4 * T, "activations"))  # rsqrt
         n32 = tr.alloc(4 * h * T, "transient")
         if s.norm_trainable:
             if s.norm_kind == "rms_fp32" or p.r == 4:
-                run.saved.append(n32)
+                tr.keep(run.saved, n32)
             else:
                 tr.free(n32)
-                run.saved.append(tr.alloc(p.r * h * T, "activations"))
+                tr.keep(run.saved, tr.alloc(p.r * h * T, "activations"))
         else:
             tr.free(n32)
-        run.saved.append(up)
+        tr.keep(run.saved, up)
 
     def _linear(self, tr: Any, run: LayerRun, lin: Linear, x_id: int, x_bytes: int, x_saved: list[bool],
                 lora_cache: dict[str, int]) -> int:
@@ -227,7 +227,7 @@ class LayerModel:
             if x_bytes != 2:
                 xc = tr.alloc(2 * lin.in_f * T, "activations" if lin.trainable else "transient")
                 if lin.trainable:
-                    run.saved.append(xc)
+                    tr.keep(run.saved, xc)
                 else:
                     tr.free(xc)
             elif lin.trainable:
@@ -246,7 +246,7 @@ class LayerModel:
             xl = tr.alloc(lb * lin.in_f * T, "transient")
         dt = lb if xl > 0 or x_bytes == lb else x_bytes
         if lin.lora_dropout > 0:
-            run.saved.append(tr.alloc(lin.in_f * T, "activations"))  # bool mask
+            tr.keep(run.saved, tr.alloc(lin.in_f * T, "activations"))  # bool mask
             xd = tr.alloc(dt * lin.in_f * T, "activations")
             tr.free(xl)
         else:
@@ -255,14 +255,14 @@ class LayerModel:
                 x_saved[0] = True
         if p.mixed:  # lora_A's matmul under autocast casts its input again, and saves the cast
             xc = tr.alloc(2 * lin.in_f * T, "activations")
-            run.saved.append(xc)
+            tr.keep(run.saved, xc)
             if xd > 0:
                 tr.free(xd)
         elif xd > 0:
-            run.saved.append(xd)
+            tr.keep(run.saved, xd)
         lora_cache[key] = 1
         ab = 2 if p.mixed else lb
-        run.saved.append(tr.alloc(ab * lin.lora_rank * T, "activations"))  # lora_A out, saved by lora_B
+        tr.keep(run.saved, tr.alloc(ab * lin.lora_rank * T, "activations"))  # lora_A out, saved by lora_B
         bo = tr.alloc(ab * lin.out_f * T, "transient")
         sc = tr.alloc(ab * lin.out_f * T, "transient")
         tr.free(bo)
@@ -298,7 +298,7 @@ class LayerModel:
         y_saved = [False]
         outs = [self._linear(tr, run, lin, y, p.r, y_saved, lc) for lin in s.by_role("attn_in")]
         if y_saved[0]:
-            run.saved.append(y)
+            tr.keep(run.saved, y)
         else:
             tr.free(y)
         # rotary on q and k: new tensors, saved by the attention kernel
@@ -314,7 +314,7 @@ class LayerModel:
             vr = tr.alloc(p.a * s.q_width * T, "activations")
             tr.free(k, v_id)
             k, v_id = kr, vr
-        run.saved += [q, k, v_id]
+        tr.keep(run.saved, q, k, v_id)
         if self.attn == "eager":
             per = s.heads * self.S * T  # heads x seq x seq per sequence = heads x seq per token
             scores = tr.alloc(p.a * per, "transient")
@@ -323,24 +323,24 @@ class LayerModel:
             probs32 = tr.alloc(4 * per, "attention")
             tr.free(masked_scores)
             probs = tr.alloc(p.a * per, "attention") if p.a != 4 else probs32
-            run.saved += [probs32] + ([probs] if probs != probs32 else [])
+            tr.keep(run.saved, probs32, *([probs] if probs != probs32 else []), tag="attention")
             if s.attn_dropout:
-                run.saved.append(tr.alloc(per, "attention"))
-                run.saved.append(tr.alloc(p.a * per, "attention"))
+                tr.keep(run.saved, tr.alloc(per, "attention"), tag="attention")
+                tr.keep(run.saved, tr.alloc(p.a * per, "attention"), tag="attention")
             o = tr.alloc(p.a * s.q_width * T, "transient")
             att = tr.alloc(p.a * s.q_width * T, "activations")  # transpose(1, 2).contiguous()
             tr.free(o)
         else:
             att = tr.alloc(p.a * s.q_width * T, "activations")  # (b, s, h, d) layout: o_proj's input is a view
-            run.saved.append(tr.alloc(4 * s.heads * T, "attention"))  # log-sum-exp
+            tr.keep(run.saved, tr.alloc(4 * s.heads * T, "attention"), tag="attention")  # log-sum-exp
             if self.device == "cpu" and s.attn_dropout:  # no dropout in the CPU flash kernel: math path
                 per = s.heads * self.S * T
-                run.saved += [tr.alloc(4 * per, "attention"), tr.alloc(per, "attention")]
+                tr.keep(run.saved, tr.alloc(4 * per, "attention"), tr.alloc(per, "attention"), tag="attention")
         att_saved = [False]
         o_out = [self._linear(tr, run, lin, att, p.a, att_saved, lc) for lin in s.by_role("attn_out")]
-        run.saved.append(att)
+        tr.keep(run.saved, att)
         if s.dropout_sites:
-            run.saved.append(tr.alloc(h * T, "activations"))
+            tr.keep(run.saved, tr.alloc(h * T, "activations"))
             d = tr.alloc(p.a * h * T, "transient")
             tr.free(*o_out)
             o_out = [d]
@@ -360,30 +360,30 @@ class LayerModel:
         y2_saved = [False]
         ins = [self._linear(tr, run, lin, y2, p.r, y2_saved, lc) for lin in s.by_role("mlp_in")]
         if y2_saved[0]:
-            run.saved.append(y2)
+            tr.keep(run.saved, y2)
         else:
             tr.free(y2)
         i = s.intermediate
         down = s.by_role("mlp_out")
         down_trains = any(lin.trainable for lin in down)
         if s.gated:
-            run.saved += ins  # gate (act input), up (mul operand); a fused gate_up output is one tensor
+            tr.keep(run.saved, *ins)  # gate (act input), up (mul operand); a fused gate_up output is one tensor
             act = tr.alloc(p.a * i * T, "activations")
-            run.saved.append(act)
+            tr.keep(run.saved, act)
             prod = tr.alloc(p.a * i * T, "activations" if down_trains else "transient")
         else:
-            run.saved += ins
+            tr.keep(run.saved, *ins)
             for _ in range(s.act_extra):
-                run.saved.append(tr.alloc(p.a * i * T, "activations"))
+                tr.keep(run.saved, tr.alloc(p.a * i * T, "activations"))
             prod = tr.alloc(p.a * i * T, "activations" if down_trains else "transient")
         prod_saved = [False]
         d_out = [self._linear(tr, run, lin, prod, p.a, prod_saved, lc) for lin in down]
         if prod_saved[0] or down_trains:
-            run.saved.append(prod)
+            tr.keep(run.saved, prod)
         else:
             tr.free(prod)
         if s.dropout_sites:
-            run.saved.append(tr.alloc(h * T, "activations"))
+            tr.keep(run.saved, tr.alloc(h * T, "activations"))
             d = tr.alloc(p.a * h * T, "transient")
             tr.free(*d_out)
             d_out = [d]
