@@ -73,6 +73,14 @@ def main(args: list[str] | None = None) -> int:
     except CaptureError as exc:
         sys.stderr.write(exc.diagnostics() + "\n")
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        from capture._extras import missing_extra
+
+        needed = missing_extra(exc, ns.command)
+        if needed is None:
+            raise
+        sys.stderr.write(needed.diagnostics() + "\n")
+        return needed.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return 130

@@ -127,16 +127,20 @@ def test_groups_rank_and_leave_out_with_reasons(corpus):
     assert [Path(r.path).name for r in lora.runs] == ["lora.toml"]
     assert lora.left_out_reason == "not ranked against group 1 (a different run definition): method: lora vs full"
     ranked = full.ranked
+    # The CPU run is named after this machine's CPU, as the trial recorded it (catalogued or not).
+    device = bodies["cpu"]["trial"]["run"]["device_name"]
+    model = bodies["cpu"]["host"].get("cpu_model")
+    assert device == (f"CPU: {model}" if model else "CPU")
+    card = load_catalog().match(device)
+    cpu_label = f"{card.name if card else device} x1 single"
     # cheapest per million tokens first: two devices at efficiency 0.9 cost more per token than one
-    assert [c.label for c in ranked] == ["H200 141GB x1 single", "H200 141GB x2 ddp", "H200 141GB x2 fsdp",
-                                         "CPU: AMD EPYC x1 single"]
+    assert [c.label for c in ranked] == ["H200 141GB x1 single", "H200 141GB x2 ddp", "H200 141GB x2 fsdp", cpu_label]
     for c in full.configs:  # the unsigned and tampered copies are shown, never ranked
         if Path(c.run.path).name in ("unsigned.toml", "tampered.toml"):
             assert c.rank_cost is None and c.rank_time is None
             assert any(n.startswith("not ranked: signature ") for n in c.notes)
     by_time = sorted(ranked, key=lambda c: c.rank_time)  # ... but reach the target sooner
-    assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single",
-                                          "CPU: AMD EPYC x1 single"]
+    assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single", cpu_label]
 
 
 def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):

@@ -34,10 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    try:
-        import rich  # noqa: F401  (the tables and the report are rendered with it)
-    except ModuleNotFoundError:
-        raise UsageError("capture decide needs rich", "install capture with its trial extra (capture[trial])") from None
     from capture.decide import rank, runs, site, text
     from capture.trial.fit import load_catalog
 

@@ -51,13 +51,10 @@ def reset_peak_rss() -> bool:
 
 
 def mem_total_bytes() -> int | None:
-    """Host memory (MemTotal of /proc/meminfo)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            m = re.search(r"^MemTotal:\s+(\d+) kB", f.read(), re.M)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
+    """Host memory (MemTotal of /proc/meminfo), as the host probe reads it."""
+    from capture.probes.host import memory_total_bytes
+
+    return memory_total_bytes()
 
 
 # --------------------------------------------------------------------------- NVML / amdsmi
