@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -186,11 +187,134 @@ def run_group(size: str, method: str, shapes: list[tuple[bool, int, int]], out: 
     meta = {"size": size, "method": method, "context_bytes": ctx, "build_s": build_s, "weights_allocated": weights_alloc,
             "optimizer_state_bytes": opt_state, "params_total": wl.params_total, "params_trainable": wl.params_trainable,
             "torch": torch.__version__, "device": torch.cuda.get_device_name(dev),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "info": wl.info}
-    (out / f"group-{size}-{method}.json").write_text(json.dumps({"meta": meta, "rows": results}, default=str))
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "info": wl.info,
+            "capacity_bytes": int(torch.cuda.get_device_properties(dev).total_memory)}
+    with open(out / "groups.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"meta": meta, "rows": results}, default=str) + "\n")
     if trace:
         with gzip.open(out / f"trace-{size}-{method}.json.gz", "wt") as f:
             json.dump({"frames": sorted(frames, key=frames.get), "traces": traces}, f)
+
+
+# --------------------------------------------------------------------------- the estimate beside it
+
+
+def estimate_group(size: str, method: str, rows: list[dict], device_type: str = "cuda",
+                   expandable: bool = False, capacity: int | None = None) -> list[dict]:
+    """The estimate for every shape of a group, replaying the benchmark's own sequence (one
+    build; per shape a step, empty_cache, peaks reset, the measured step), so that the allocator
+    model sees the history the device saw."""
+    from capture.trial import memory as M
+    from capture.trial.allocator import CachingAllocator, round_size
+    from capture.trial.config import parse
+
+    tr = M.Trace()
+    marks: list[tuple[dict, Any]] = []
+    states: list[int] = []
+    first = True
+    built = False
+    for r in rows:
+        cfg = parse(r["config_toml"], "grid.toml", ROOT, "grid")
+        plan = M.plan_for(cfg, device_type)
+        if not built:
+            M._build_events(tr, plan)
+            built = True
+        tr.mark("empty_cache")
+        if not r.get("fits"):
+            continue
+        M._step_events(tr, plan, r["micro_batch"], first, states)
+        first = False
+        tr.mark("empty_cache")
+        tr.mark("reset_peaks")
+        M._step_events(tr, plan, r["micro_batch"], False, states)
+        tr.mark("snap", len(marks))
+        marks.append((r, plan))
+    alloc = CachingAllocator()
+    live: dict[int, Any] = {}
+    by_tag: dict[str, int] = {}
+    peak_tags: dict[str, int] = {}
+    small = large = exp_peak = 0
+    out = []
+    for ev in tr.events:
+        k = ev[0]
+        if k == "alloc":
+            live[ev[1]] = (alloc.malloc(ev[2]), round_size(ev[2]), ev[3])
+            by_tag[ev[3]] = by_tag.get(ev[3], 0) + round_size(ev[2])
+            if round_size(ev[2]) <= 1 << 20:
+                small += round_size(ev[2])
+            else:
+                large += round_size(ev[2])
+            exp_peak = max(exp_peak, _pages(small) + _pages(large))
+            if alloc.allocated >= alloc.peak_allocated:
+                peak_tags = dict(by_tag)
+        elif k == "free":
+            h, nbytes, tag = live.pop(ev[1])
+            alloc.free(h)
+            by_tag[tag] -= nbytes
+            if nbytes <= 1 << 20:
+                small -= nbytes
+            else:
+                large -= nbytes
+        elif k == "retag":
+            h, nbytes, old = live[ev[1]]
+            live[ev[1]] = (h, nbytes, ev[2])
+            by_tag[old] -= nbytes
+            by_tag[ev[2]] = by_tag.get(ev[2], 0) + nbytes
+        elif k == "empty_cache":
+            alloc.empty_cache()
+        elif k == "reset_peaks":
+            alloc.reset_peaks()
+            peak_tags = dict(by_tag)
+            exp_peak = _pages(small) + _pages(large)
+        elif k == "snap":
+            r, plan = marks[ev[1]]
+            outside = M.CONTEXT_REFERENCE_BYTES + M.LIBRARIES_REFERENCE_BYTES
+            reserved = max(exp_peak, alloc.peak_allocated) if expandable else alloc.peak_reserved
+            if capacity:  # at the card's limit the allocator frees its cache and retries instead of failing
+                reserved = min(reserved, max(alloc.peak_allocated, capacity - outside))
+            device = reserved + outside
+            out.append({"size": size, "method": method, "gradient_checkpointing": r["gradient_checkpointing"],
+                        "seq": r["seq"], "micro_batch": r["micro_batch"],
+                        "measured": {"peak_allocated": r["peak_allocated"], "peak_reserved": r["peak_reserved"],
+                                     "device_used": r["device_used"]},
+                        "estimate": {"peak_allocated": alloc.peak_allocated, "peak_reserved": reserved,
+                                     "device": device, "terms_at_peak": {t: v for t, v in peak_tags.items() if v},
+                                     "outside_allocator": outside},
+                        "ratio": {"allocated": alloc.peak_allocated / r["peak_allocated"],
+                                  "reserved": reserved / r["peak_reserved"], "device": device / r["device_used"]}})
+    return out
+
+
+def _pages(n: int) -> int:
+    return (2 << 20) * ((n + (2 << 20) - 1) // (2 << 20))
+
+
+def report(groups_file: Path, out: Path) -> int:
+    G = 2 ** 30
+    rows_out = []
+    for line in groups_file.read_text().splitlines():
+        d = json.loads(line)
+        m = d["meta"]
+        exp = "expandable_segments:true" in (m.get("alloc_conf") or "").lower()
+        rows_out += [dict(r, expandable_segments=exp, context_measured=m.get("context_bytes"))
+                     for r in estimate_group(m["size"], m["method"], d["rows"], expandable=exp,
+                                             capacity=m.get("capacity_bytes"))]
+    print(f"{'shape':<34}{'alloc meas':>11}{'est':>9}{'ratio':>7}{'resv meas':>11}{'est':>9}{'ratio':>7}"
+          f"{'device meas':>12}{'est':>9}{'ratio':>7}")
+    worst = {"allocated": 0.0, "reserved": 0.0, "device": 0.0}
+    for r in rows_out:
+        name = (f"{r['size']}-{r['method']}{'@exp' if r['expandable_segments'] else ''} gc={int(r['gradient_checkpointing'])} "
+                f"{r['seq']}x{r['micro_batch']}")
+        m, e, q = r["measured"], r["estimate"], r["ratio"]
+        for k in worst:
+            worst[k] = max(worst[k], abs(q[k] - 1))
+        print(f"{name:<34}{m['peak_allocated'] / G:>11.2f}{e['peak_allocated'] / G:>9.2f}{q['allocated']:>7.3f}"
+              f"{m['peak_reserved'] / G:>11.2f}{e['peak_reserved'] / G:>9.2f}{q['reserved']:>7.3f}"
+              f"{m['device_used'] / G:>12.2f}{e['device'] / G:>9.2f}{q['device']:>7.3f}")
+    print(f"worst |ratio - 1|: allocated {worst['allocated']:.1%}, reserved {worst['reserved']:.1%}, device {worst['device']:.1%}"
+          f" over {len(rows_out)} shapes (GiB; estimate / measured)")
+    (out / "memory-grid.json").write_text(json.dumps({"rows": rows_out, "worst": worst}, indent=1))
+    return 0
 
 
 def main() -> int:
@@ -199,8 +323,11 @@ def main() -> int:
     ap.add_argument("--groups", default="1b-full,1b-lora,1b-qlora,1b-amp,8b-full,8b-lora,8b-qlora,8b-amp")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--group", help=argparse.SUPPRESS)
+    ap.add_argument("--report", type=Path, metavar="GROUPS_JSONL", help="only compare: estimate against a recorded groups.jsonl")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        return report(args.report, args.out)
     if args.group:
         size, method = args.group.split("-")
         shapes = grid([args.group])[0][2]
@@ -208,10 +335,14 @@ def main() -> int:
         return 0
     for g in args.groups.split(","):
         t = time.perf_counter()
+        env = dict(os.environ)
+        if g.endswith("@exp"):
+            g = g[:-4]
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         cmd = [sys.executable, __file__, "--out", str(args.out), "--group", g] + (["--trace"] if args.trace else [])
-        rc = subprocess.call(cmd)
+        rc = subprocess.call(cmd, env=env)
         print(f"# group {g}: exit {rc}, {time.perf_counter() - t:.0f} s", flush=True)
-    return 0
+    return report(args.out / "groups.jsonl", args.out)
 
 
 if __name__ == "__main__":
