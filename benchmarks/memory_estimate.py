@@ -205,7 +205,7 @@ def estimate_group(size: str, method: str, rows: list[dict], device_type: str = 
     build; per shape a step, empty_cache, peaks reset, the measured step), so that the allocator
     model sees the history the device saw."""
     from capture.trial import memory as M
-    from capture.trial.allocator import CachingAllocator, round_size
+    from capture.trial.allocator import CachingAllocator, ExpandableAllocator, round_size
     from capture.trial.config import parse
 
     tr = M.Trace()
@@ -218,6 +218,7 @@ def estimate_group(size: str, method: str, rows: list[dict], device_type: str = 
         plan = M.plan_for(cfg, device_type)
         if not built:
             M._build_events(tr, plan)
+            tr.alloc(M.CUBLAS_WORKSPACES_BYTES, "library_workspaces")
             built = True
         tr.mark("empty_cache")
         if not r.get("fits"):
@@ -229,7 +230,7 @@ def estimate_group(size: str, method: str, rows: list[dict], device_type: str = 
         M._step_events(tr, plan, r["micro_batch"], False, states)
         tr.mark("snap", len(marks))
         marks.append((r, plan))
-    alloc = CachingAllocator()
+    alloc = ExpandableAllocator() if expandable else CachingAllocator()
     live: dict[int, Any] = {}
     by_tag: dict[str, int] = {}
     peak_tags: dict[str, int] = {}
@@ -269,7 +270,7 @@ def estimate_group(size: str, method: str, rows: list[dict], device_type: str = 
         elif k == "snap":
             r, plan = marks[ev[1]]
             outside = M.CONTEXT_REFERENCE_BYTES + M.LIBRARIES_REFERENCE_BYTES
-            reserved = max(exp_peak, alloc.peak_allocated) if expandable else alloc.peak_reserved
+            reserved = alloc.peak_reserved
             if capacity:  # at the card's limit the allocator frees its cache and retries instead of failing
                 reserved = min(reserved, max(alloc.peak_allocated, capacity - outside))
             device = reserved + outside

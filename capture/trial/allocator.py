@@ -16,10 +16,10 @@ peak allocated. The rules, as in PyTorch 2.x with the default settings:
   or more than 1 MiB (large pool); freed blocks merge with free neighbours of the same segment;
 - ``empty_cache`` releases segments that are entirely free.
 
-With ``expandable_segments:True`` a pool is one segment that grows by 2 MiB pages, and pages
-that become entirely free at its end are not needed again; :func:`replay` models that as the
-peak of the allocated bytes rounded up to whole pages per pool (fragmentation inside the
-mapped range is small by design).
+With ``expandable_segments:True`` a pool is one segment that grows by 2 MiB pages
+(:class:`ExpandableAllocator`): a request that fits no free block inside it goes at its end,
+joining a free block there, so holes between live blocks still cost memory, but a larger
+request no longer needs a segment of its own.
 """
 
 from __future__ import annotations
@@ -151,6 +151,84 @@ class CachingAllocator:
         self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
 
 
+class ExpandableAllocator(CachingAllocator):
+    """``expandable_segments:True``: each pool is one segment that grows at its end by 2 MiB
+    pages; a request takes the best-fitting free block inside it, else goes at the end
+    (joining a free block there). What it reserves is how far the segment was mapped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tail: dict[bool, int] = {True: 0, False: 0}   # mapped extent per pool (small?)
+        self.end_free: dict[bool, int] = {True: 0, False: 0}
+
+    def malloc(self, nbytes: int) -> tuple[int, int]:
+        size = round_size(nbytes)
+        pool = self._pool(size)
+        i = bisect.bisect_left(pool.free, (size, -1, -1))
+        seg = 0 if pool.small else 1
+        if seg not in self.segments:
+            self.segments[seg] = []
+            self.seg_pool[seg] = pool
+            self.seg_size[seg] = 0
+        if i < len(pool.free):
+            _, _, off = pool.free.pop(i)
+            block = self.blocks[(seg, off)]
+            rest = block.size - size
+            if rest >= MIN_BLOCK:
+                r = _Block(seg, off + size, rest)
+                self.blocks[(seg, r.offset)] = r
+                bisect.insort(self.segments[seg], r.offset)
+                bisect.insort(pool.free, (r.size, seg, r.offset))
+                block.size = size
+        else:
+            offsets = self.segments[seg]
+            start = self.seg_size[seg]
+            if offsets and self.blocks[(seg, offsets[-1])].free:  # grow from the free block at the end
+                last = self.blocks[(seg, offsets[-1])]
+                pool.free.remove((last.size, seg, last.offset))
+                start = last.offset
+                del self.blocks[(seg, last.offset)]
+                offsets.pop()
+            block = _Block(seg, start, size)
+            self.blocks[(seg, start)] = block
+            bisect.insort(offsets, start)
+            grown = max(self.seg_size[seg], ROUND_LARGE * ((start + size + ROUND_LARGE - 1) // ROUND_LARGE))
+            if grown > self.seg_size[seg]:
+                self.reserved += grown - self.seg_size[seg]
+                pool.reserved += grown - self.seg_size[seg]
+                self.seg_size[seg] = grown
+                self.peak_reserved = max(self.peak_reserved, self.reserved)
+            end = start + size
+            if self.seg_size[seg] > end:  # the mapped rest of the last page
+                tail = _Block(seg, end, self.seg_size[seg] - end)
+                self.blocks[(seg, end)] = tail
+                bisect.insort(offsets, end)
+                bisect.insort(pool.free, (tail.size, seg, end))
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block.seg, block.offset
+
+    def empty_cache(self) -> None:
+        for seg, offsets in self.segments.items():  # unmap the free pages at the end
+            if offsets and self.blocks[(seg, offsets[-1])].free:
+                last = self.blocks[(seg, offsets[-1])]
+                keep = ROUND_LARGE * ((last.offset + ROUND_LARGE - 1) // ROUND_LARGE)
+                drop = self.seg_size[seg] - keep
+                if drop > 0:
+                    pool = self.seg_pool[seg]
+                    pool.free.remove((last.size, seg, last.offset))
+                    self.reserved -= drop
+                    pool.reserved -= drop
+                    self.seg_size[seg] = keep
+                    if keep > last.offset:
+                        last.size = keep - last.offset
+                        bisect.insort(pool.free, (last.size, seg, last.offset))
+                    else:
+                        del self.blocks[(seg, last.offset)]
+                        offsets.pop()
+
+
 @dataclass(frozen=True)
 class Replay:
     """What the allocator model saw over an event list."""
@@ -167,6 +245,8 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
     """Run ``events``: ``("alloc", id, nbytes, tag)``, ``("free", id)``, ``("retag", id, tag)``, ``("phase", name)``,
     ``("empty_cache",)``, ``("reset_peaks",)``. Peaks count from the last ``reset_peaks``."""
     alloc = CachingAllocator()
+    exp = ExpandableAllocator()
+    exp_live: dict[int, tuple[int, int]] = {}
     live: dict[int, tuple[tuple[int, int], int, str]] = {}
     by_tag: dict[str, int] = {}
     best_tags: dict[str, int] = {}
@@ -179,6 +259,7 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
         if kind == "alloc":
             _, tid, nbytes, tag = ev
             handle = alloc.malloc(nbytes)
+            exp_live[tid] = exp.malloc(nbytes)
             size = round_size(nbytes)
             live[tid] = (handle, size, tag)
             by_tag[tag] = by_tag.get(tag, 0) + size
@@ -193,6 +274,7 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
         elif kind == "free":
             handle, size, tag = live.pop(ev[1])
             alloc.free(handle)
+            exp.free(exp_live.pop(ev[1]))
             by_tag[tag] -= size
             if size <= SMALL_SIZE:
                 small -= size
@@ -209,12 +291,14 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
             phase = ev[1]
         elif kind == "empty_cache":
             alloc.empty_cache()
+            exp.empty_cache()
         elif kind == "reset_peaks":
             alloc.reset_peaks()
+            exp.reset_peaks()
             peak_alloc, best_tags, best_phase = alloc.allocated, dict(by_tag), phase
             peak_expandable = _pages(small) + _pages(large)
     return Replay(peak_allocated=alloc.peak_allocated, peak_reserved=alloc.peak_reserved,
-                  peak_reserved_expandable=max(peak_expandable, alloc.peak_allocated),
+                  peak_reserved_expandable=max(exp.peak_reserved, alloc.peak_allocated),
                   peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
 
 

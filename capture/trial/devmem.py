@@ -295,3 +295,12 @@ class DeviceMemory:
             return MemoryReading("cuda", torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device),
                                  used, used_src, total, total_src)
         return MemoryReading(self.type, None, None, used, used_src, total, total_src)
+
+
+def allocated_bytes(device: Any) -> int:
+    """Bytes of tensors the allocator holds now (0 on a CPU, where the estimate counts tensors)."""
+    if getattr(device, "type", "") == "cuda":
+        import torch
+
+        return int(torch.cuda.memory_allocated(device))
+    return 0
