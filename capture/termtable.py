@@ -68,19 +68,16 @@ def cut(text: str, width: int) -> str:
 
 
 def _widths(mins: list[int], naturals: list[int], room: int) -> list[int]:
+    """Each column its minimum, then the room left shared out smallest need first, so that short
+    cells stay whole and long text shares what remains evenly."""
     if sum(naturals) <= room:
         return naturals
     widths = list(mins)
-    extra = room - sum(mins)
-    want = [n - m for m, n in zip(mins, naturals)]
-    total = sum(want) or 1
-    for i, w in enumerate(want):
-        widths[i] += min(w, extra * w // total)
-    left = room - sum(widths)
-    for i in sorted(range(len(widths)), key=lambda i: want[i] - (widths[i] - mins[i]), reverse=True):
-        if left <= 0:
-            break
-        give = min(left, naturals[i] - widths[i])
+    left = room - sum(mins)
+    order = sorted(range(len(widths)), key=lambda i: naturals[i] - mins[i])
+    for k, i in enumerate(order):
+        share = left // (len(order) - k)
+        give = min(naturals[i] - mins[i], share)
         widths[i] += give
         left -= give
     return widths
