@@ -44,7 +44,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
     try:
         import rich  # noqa: F401  (the tables and the report are rendered with it)
     except ModuleNotFoundError:
-        raise UsageError("capture decide needs rich", "install capture with its trial extra (capture[trial])") from None
+        raise UsageError("capture decide needs rich", "install capture with its trial extra (capture-stack[trial])") from None
     from capture.decide import rank, runs, site, text
     from capture.trial.fit import load_catalog
 
