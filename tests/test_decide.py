@@ -279,14 +279,7 @@ def test_site_in_a_real_headless_browser(corpus, tmp_path, capsys):
     assert run_page.returncode == 0 and not _console_errors(run_page.stderr)
     assert 'aria-label="verdict"' in run_page.stdout
 
-    artifacts = ROOT / "out" / "ci-artifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / "decide-site.png"
-    done = _chromium(tmp_path, "--window-size=1366,900", "--hide-scrollbars", f"--screenshot={shot}",
-                     (site / "index.html").as_uri())
-    assert done.returncode == 0 and shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if os.environ.get("CAPTURE_UPDATE_SCREENSHOT"):  # how docs/img/decide-site.png was made
-        shutil.copyfile(shot, ROOT / "docs" / "img" / "decide-site.png")
+    # the layout at 1,280 px and the README's picture: tests/test_decide_site_layout.py
 
 
 def test_this_repositorys_own_manifests_render(tmp_path, capsys):

@@ -59,7 +59,7 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, lim
     device name is never clipped."""
     if not bars:
         return ""
-    w, left, right, label_h, bar_h, gap, top = 760, 8, 110, 14, 16, 8, 30
+    w, left, right, label_h, bar_h, gap, top = 760, 20, 110, 14, 16, 8, 30  # left: room for the axis's first tick
     vmax = max([v for _, v, _, _ in bars] + [v for _, v in limit]) * 1.08 or 1.0
     pw = w - left - right
     step = label_h + bar_h + gap
@@ -80,9 +80,12 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, lim
                    f'fill="{colour}"><title>{_e(label)}: {_e(text)}</title></rect>'
                    f'<text x="{x(v) + 4:.1f}" y="{y + label_h + bar_h * 0.75:.1f}">{_e(text)}</text>')
     for i, (name, v) in enumerate(limit):
+        text = f"{name} {bytes_str(v)}"
+        # under its dashed line, ending there; from the left edge when it would not fit before the line
+        at = (f'x="{x(v) - 3:.1f}" text-anchor="end"' if len(text) * 6.5 < x(v) - 3 - left
+              else f'x="{left}" text-anchor="start"')
         out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{top - 6}" y2="{base}" stroke="#a4161a" stroke-dasharray="4,3"/>'
-                   f'<text x="{x(v) - 3:.1f}" y="{base + 20 + 14 * i}" text-anchor="end" fill="#a4161a">'
-                   f'{_e(name)} {_e(bytes_str(v))}</text>')
+                   f'<text {at} y="{base + 20 + 14 * i}" fill="#a4161a">{_e(text)}</text>')
     out.append("</svg>")
     return "".join(out)
 
