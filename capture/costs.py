@@ -238,20 +238,25 @@ class CostFigures:
         return [[name, seconds_str(s), money_str(s * rate) if rate is not None else MISSING] for name, s in parts]
 
 
-def figures(data: Mapping[str, Any], *, price: Price | None | bool = True, currency: str | None = None,
-            target: Target | None = None, devices: int = 1, tokens_per_s: float | None | bool = True,
-            tokens_per_step: float | None | bool = True, step_time_mean_s: float | None | bool = True) -> CostFigures:
+class _Own:
+    """The default of :func:`figures`' arguments: read it from the manifest."""
+
+
+OWN: Any = _Own()
+
+
+def figures(data: Mapping[str, Any], *, price: Price | None = OWN, currency: str | None = None,
+            target: Target | None = None, devices: int = 1, tokens_per_s: float | None = OWN,
+            tokens_per_step: float | None = OWN, step_time_mean_s: float | None = OWN) -> CostFigures:
     """The three figures of a manifest. Defaults read the single-device run at the manifest's own
     price and currency and :func:`default_target`; a scaling strategy passes its own devices,
     tokens/s and tokens per step (its step time follows). ``price=None``: no price."""
-    stats = _dig(data, "trial.stats") if isinstance(_dig(data, "trial.stats"), Mapping) else {}
-    if tokens_per_s is True:
-        tokens_per_s = _num(stats.get("tokens_per_s"))
-    if tokens_per_step is True:
-        tokens_per_step = _num(stats.get("tokens_per_step"))
-    if step_time_mean_s is True:
-        step_time_mean_s = _num(stats.get("step_time_mean_s"))
-    if price is True:
+    stats = _dig(data, "trial.stats")
+    stats = stats if isinstance(stats, Mapping) else {}
+    tps = _num(stats.get("tokens_per_s") if tokens_per_s is OWN else tokens_per_s)
+    per_step = _num(stats.get("tokens_per_step") if tokens_per_step is OWN else tokens_per_step)
+    step_mean = _num(stats.get("step_time_mean_s") if step_time_mean_s is OWN else step_time_mean_s)
+    if price is OWN:
         price = manifest_price(data, currency)
     currency = currency or (price.currency if price else recorded_currency(data))
     target = target or default_target()
@@ -261,7 +266,6 @@ def figures(data: Mapping[str, Any], *, price: Price | None | bool = True, curre
         price = None
     elif price is None:
         note = "no price: give --price (decide) or --price-per-hour (trial), or a catalog price_per_hour"
-    tps = _num(tokens_per_s)
     if tps is None and note is None:
         note = "no measured tokens/s"
     wall = _num(_dig(data, "trial.cost.wall_total_s"))
@@ -272,7 +276,7 @@ def figures(data: Mapping[str, Any], *, price: Price | None | bool = True, curre
         same = _num(_dig(data, "trial.cost.price_per_hour")) == price.per_device_hour
         trial_cost = recorded if (same and recorded is not None) else wall / 3600 * price.per_device_hour
     steady = price.per_device_hour * devices / 3600 / tps * 1e6 if (price is not None and tps) else None
-    proj = projection(data, target, _num(tokens_per_step), _num(step_time_mean_s))
+    proj = projection(data, target, per_step, step_mean)
     cost = proj.total_s / 3600 * price.per_device_hour * devices if (proj is not None and price is not None) else None
     return CostFigures(currency, price, devices, tps, trial_cost, wall, trained, steady, target, proj, cost, note)
 

@@ -91,7 +91,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, *,
     keep = list(range(len(columns)))
 
     def headers(short: bool) -> list[str]:
-        return [(columns[i].short if short and columns[i].short else columns[i].header) for i in keep]
+        return [(columns[i].short or columns[i].header) if short else columns[i].header for i in keep]
 
     def need(short: bool) -> list[int]:
         hs = headers(short)

@@ -253,7 +253,7 @@ def _rank(configs: list[Config]) -> list[Config]:
     ok = [c for c in configs if c.trusted and c.tokens_per_s and not (c.run.command and c.run.command.failed)]
     by_cost = sorted((c for c in ok if c.cost_to_target is not None),
                      key=lambda c: (c.cost_to_target, c.time_to_target_s or 0))
-    by_time = sorted((c for c in ok if c.time_to_target_s is not None), key=lambda c: c.time_to_target_s)
+    by_time = sorted((c for c in ok if c.time_to_target_s is not None), key=lambda c: c.time_to_target_s or 0.0)
     rank_cost = {id(c): i + 1 for i, c in enumerate(by_cost)}
     rank_time = {id(c): i + 1 for i, c in enumerate(by_time)}
     best = by_cost[0] if by_cost else by_time[0] if by_time else None

@@ -38,7 +38,7 @@ _COLUMNS: tuple[tuple[str, str | None, int | None, bool], ...] = (
 )
 COLUMNS = tuple(c[0] for c in _COLUMNS) + ("notes",)
 """The site's columns (the terminal lists notes under its table instead)."""
-DROP_ORDER = tuple(c[0] for c in sorted((c for c in _COLUMNS if c[2] is not None), key=lambda c: c[2]))
+DROP_ORDER = tuple(c[0] for c in sorted((c for c in _COLUMNS if c[2] is not None), key=lambda c: c[2] or 0))
 """Columns the terminal leaves out first when they do not fit (docs/decide.md)."""
 
 
