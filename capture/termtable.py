@@ -121,7 +121,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, *,
     else:
         avail = room - gap * (len(keep) - 1)
         if sum(mins) > avail:  # even the columns that must stay do not fit side by side: one block per row
-            return _records(columns, rows, width, indent, dropped)
+            return _records(columns, rows, width, indent)
         widths = _widths(mins, naturals, avail)
     pad = " " * indent
     sep = " " * gap
@@ -146,14 +146,12 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, *,
     return Fitted(lines, dropped)
 
 
-def _records(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, indent: int,
-             dropped: list[str]) -> Fitted:
-    """Each row as one paragraph, ``header: value`` pairs wrapped at spaces: for a terminal too
-    narrow for the columns that must stay side by side."""
+def _records(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, indent: int) -> Fitted:
+    """Each row as one paragraph of ``header: value`` pairs (every column: a block has room for
+    them), wrapped at spaces: for a terminal too narrow for the columns that must stay side by side."""
     pad = " " * indent
     lines: list[str] = []
-    shown = [i for i, c in enumerate(columns) if c.header not in dropped]
     for r in rows:
-        text = " · ".join(f"{columns[i].header}: {r[i]}" for i in shown if r[i])
+        text = " · ".join(f"{c.header}: {v}" for c, v in zip(columns, r) if v)
         lines += wrap(text, width, pad + "- ", pad + "  ")
-    return Fitted(lines, dropped)
+    return Fitted(lines)

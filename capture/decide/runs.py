@@ -223,7 +223,8 @@ def open_all(paths: Iterable[Path], trust: Any = None) -> tuple[list[Run], list[
         command = exec_record(opened.data)
         note = None if kind == "trial" else f"a {kind or 'manifest without a kind'}: no trial to rank"
         if command is not None:
-            note = f"capture exec: {command.line()}" + ("" if kind == "trial" else "; no trial to rank")
+            note = (f"capture exec: {command.line()}; outputs: {command.outputs_text(8)}"
+                    + ("" if kind == "trial" else "; no trial to rank"))
         status = FileStatus(path, sig.state, sig.principal, sig.reason, kind if isinstance(kind, str) else None,
                             content_id(opened.raw), note)
         files.append(status)
