@@ -283,3 +283,24 @@ def test_run_definition_is_every_recorded_setting():
         assert run_definition(other) != run_definition(base)
         key = next(iter(setting))
         assert any(d.startswith(key) for d in run_definition(other).differences(run_definition(base)))
+
+
+def test_termtable_fits_every_width_without_breaking_a_word():
+    from capture.termtable import Column, fit
+
+    cols = [Column("#", drop=None), Column("configuration", "config", min_width=12),
+            Column("tokens/s", "tok/s", drop=2, nowrap=True), Column("recovery", drop=1),
+            Column("cost to target", "to target", nowrap=True), Column("notes")]
+    rows = [["1", "H200 141GB x1 single", "65,275", "skipped: --no-recovery", "16.17", "tokens/s within noise of #1"],
+            ["2", "NVIDIA RTX PRO 6000 Blackwell Server Edition x8 fsdp", "1,234,567", "bit-exact", "1,009",
+             "noisy: step-time CV 69.3 % (above 5 %)"]]
+    words = {w for r in rows for c in r for w in c.split()}
+    for width in range(40, 161, 7):
+        t = fit(cols, rows, width)
+        assert all(len(line) <= width for line in t.lines), width
+        tokens = {w for line in t.lines for w in line.split()}
+        shown = words - {w for i, c in enumerate(cols) if c.header in t.dropped for r in rows for w in r[i].split()}
+        assert shown <= tokens, (width, shown - tokens)
+        assert t.dropped == ["recovery", "tokens/s"][:len(t.dropped)]  # lowest drop first
+    wide = fit(cols, rows, 40, wide=True)
+    assert any(rows[1][1] in line for line in wide.lines) and not wide.dropped

@@ -18,9 +18,10 @@ from capture import costs
 from capture.costs import CostFigures, Price, Target
 from capture.decide.runs import Run, RunDefinition
 from capture.errors import UsageError
-from capture.results.compare import HIGH_CV, significant
+from capture.results.compare import significant
 from capture.results.summary import dig
 from capture.trial.fit import Catalog
+from capture.trial.report.checks import HIGH_CV
 
 DEFAULT_TARGET_TOKENS = costs.DEFAULT_TARGET_TOKENS
 MAX_REASONS = 6

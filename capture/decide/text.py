@@ -167,7 +167,7 @@ def render(groups: list[Group], files: list[FileStatus], width: int | None = Non
             para(f"untested cards (memory only, estimate; no speed figures): {', '.join(fits)}")
     out.append("")
     out.append("Files")
-    files_table = fit([Column("status"), Column("file"), Column("signer or reason"), Column("note", drop=1)],
+    files_table = fit([Column("status"), Column("file", nowrap=True), Column("signer or reason"), Column("note")],
                       [[f.state.upper(), _clean(f.path), _clean(f.principal or f.reason or ""), _clean(f.note or "")]
                        for f in files], width, wide=wide)
     out.extend(files_table.lines)

@@ -21,7 +21,6 @@ from typing import Any
 
 from capture import costs
 from capture.results.summary import RunSummary, dig, summarize
-from capture.trial.report.checks import HIGH_CV
 from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy

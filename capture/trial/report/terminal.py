@@ -14,7 +14,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
