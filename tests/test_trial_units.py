@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from capture.commands.trial import parse_bytes
+from capture.costs import default_currency
 from capture.errors import ConfigError, UsageError
 from capture.trial.cost import PhaseTimer, Price, cost_table, project, resolve_price
 from capture.trial.devmem import DeviceMemory, NvmlReader, peak_rss_bytes, reset_peak_rss, rss_bytes
@@ -172,7 +173,7 @@ def test_projection_adds_validation_and_checkpoints_at_the_schedule():
 
 def test_price_comes_from_the_flag_before_the_catalog():
     card = Card("H200 141GB", "nvidia", "H200", 1, 1.0, price_per_hour=3.0, source="mine.toml")
-    assert resolve_price(5.0, card) == Price(5.0, "--price-per-hour")
+    assert resolve_price(5.0, card) == Price(5.0, "--price-per-hour", default_currency())
     assert resolve_price(None, card).per_hour == 3.0 and "mine.toml" in resolve_price(None, card).source
     assert resolve_price(None, None) is None
 

@@ -66,9 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--catalog", metavar="FILE", help="accelerator catalog overriding the shipped one")
     g = p.add_argument_group("cost")
     g.add_argument("--price-per-hour", type=float, metavar="P", help="price of the device per hour (default: the catalog's, if any)")
+    from capture.costs import parse_positive, parse_tokens
+
     t = g.add_mutually_exclusive_group()
-    t.add_argument("--target-tokens", type=int, metavar="N", help="project the full run to N trained tokens")
-    t.add_argument("--target-epochs", type=float, metavar="N", help="project the full run to N epochs of the data set")
+    t.add_argument("--target-tokens", type=parse_tokens, metavar="N",
+                   help="project the full run to N trained tokens (1e9, 2e9 or 2000000000)")
+    t.add_argument("--target-epochs", type=parse_positive, metavar="N", help="project the full run to N epochs of the data set")
     g = p.add_argument_group("environment")
     g.add_argument("--workdir", metavar="DIR", help="scratch folder for checkpoints (default: a temporary folder beside the output)")
     g.add_argument("--hf-cache", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
