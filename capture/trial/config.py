@@ -559,7 +559,7 @@ def load_example(name: str) -> TrialConfig:
         near = difflib.get_close_matches(name, names, n=1)
         extra = f" (did you mean {near[0]}?)" if near else ""
         raise ConfigError(f"--example: no example named {name!r}{extra}", f"shipped examples: {', '.join(names)}")
-    res = resources.files("capture.trial") / "examples" / f"{name}.toml"
-    text = res.read_text(encoding="utf-8")
-    return parse(text, f"example:{name}", Path("."), name)
+    folder = resources.files("capture.trial") / "examples"
+    text = (folder / f"{name}.toml").read_text(encoding="utf-8")
+    return parse(text, f"example:{name}", Path(str(folder)), name)  # config_file paths are the examples' own
 

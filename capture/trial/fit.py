@@ -263,20 +263,10 @@ def try_micro_batch(config: Any, device: Any, micro_batch: int, usable_bytes: in
 
 def _per_sample_bytes_estimate(wl: Any, config: Any, device: Any) -> int:
     """What one more sequence in the micro-batch costs, by the memory estimate (capture.trial.memory)."""
-    from capture.trial.memory import estimate, shape_of
+    from capture.trial import memory
 
-    dtype = str(next(wl.model.parameters()).dtype).removeprefix("torch.")
-    weight_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
-    p = config.precision
-
-    def at(mb: int) -> int:
-        return estimate(shape=shape_of(wl.model), params_total=wl.params_total, params_trainable=wl.params_trainable,
-                        weight_dtype=weight_dtype, precision=p.dtype, autocast=p.autocast,
-                        optimizer=config.optimizer.name, momentum=config.optimizer.momentum, micro_batch=mb,
-                        seq_len=config.batch.max_seq_len, device_type=device.type, framework_overhead_bytes=None,
-                        framework_overhead_source="").total_bytes
-
-    return max(1, at(2) - at(1))
+    plan = memory.plan_for(config, device.type)
+    return max(1, memory.estimate_plan(plan, 2).total_bytes - memory.estimate_plan(plan, 1).total_bytes)
 
 
 class _Search:

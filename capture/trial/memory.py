@@ -204,6 +204,7 @@ def _build_events(tr: Trace, plan: Plan) -> list[int]:
         for t, prm in tmp:
             ids.append(tr.alloc(prm.nbytes, "weights"))
             tr.free(t)
+        tr.mark("empty_cache")  # build() gives the full-precision staging back (capture.trial.build.model)
         ids += [tr.alloc(prm.nbytes, "weights") for prm in plan.params if prm.kind == "lora"]
         return ids
     return [tr.alloc(prm.nbytes, "weights") for prm in plan.params]
@@ -264,8 +265,10 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
                 tr.mark("phase", "backward (recompute)")
                 out, run = layer.forward(tr, inputs[li], keep_input=True)
                 tr.free(out)
+                kept = inputs[li] in run.saved  # an fp32 input the first norm saves itself
                 g = layer.backward(tr, run, g, weight_grad)
-                tr.free(inputs[li])
+                if not kept:
+                    tr.free(inputs[li])
             else:
                 g = layer.backward(tr, runs[li], g, weight_grad)
         tr.free(g, emb_saved)

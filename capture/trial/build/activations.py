@@ -74,6 +74,8 @@ class LayerShape:
     dropout_sites: int = 0
     """Residual/attention dropouts with p > 0 (GPT-2)."""
     attn_dropout: bool = False
+    softcap: bool = False
+    """Attention logits soft-capped with tanh (Gemma 2) on the eager path."""
     layer_params: int = 0
 
     def by_role(self, role: str) -> list[Linear]:
@@ -176,6 +178,7 @@ def layer_shape(model: Any, quantized: str | None) -> LayerShape:
                       gated=gated, linears=tuple(linears), norm_kind=norm_kind, norms=norms or 2,
                       norm_trainable=norm_trainable, act_extra=3 if act == "gelu_new" and not gated else 0,
                       dropout_sites=drops, attn_dropout=bool(attn_drop),
+                      softcap=bool(getattr(cfg, "attn_logit_softcapping", None)),
                       layer_params=sum(p.numel() for p in layer.parameters()))
 
 
@@ -190,17 +193,28 @@ class LayerModel:
         self.s, self.p, self.T, self.B, self.S = shape, prec, tokens, batch, seq
         self.attn, self.masked, self.device = attn, masked, device
 
+    def _mask_bytes(self, x_bytes: int) -> int:
+        """A dropout mask: a bool tensor from CUDA's fused kernel, the input's dtype on a CPU."""
+        return 1 if self.device == "cuda" else x_bytes
+
     # ---- pieces
 
-    def _norm(self, tr: Any, run: LayerRun, x_bytes: int) -> None:
-        """RMSNorm/LayerNorm on the residual stream: the saved upcast, temporaries, the output."""
+    def _norm(self, tr: Any, run: LayerRun, x_bytes: int, x_id: int = -1) -> None:
+        """RMSNorm/LayerNorm on ``x_id`` (``x_bytes`` an element): what it saves, its temporaries.
+        An fp32 input is saved as it is (the upcast is a no-op), else its fp32 copy."""
         s, p, T, h = self.s, self.p, self.T, self.s.hidden
-        if s.norm_kind == "layernorm":
-            tr.keep(run.saved, tr.alloc(T * 8, "activations"))  # mean, rstd
-            if p.r == 2 or s.norm_trainable:
-                pass
+        if s.norm_kind == "layernorm":  # native layer_norm saves its input, mean and rstd
+            tr.keep(run.saved, tr.alloc(T * 8, "activations"))
+            if x_id > 0:
+                tr.keep(run.saved, x_id)
+            else:
+                tr.keep(run.saved, tr.alloc(x_bytes * h * T, "activations"))
             return
-        up = tr.alloc(4 * h * T, "activations")  # x.float(), saved by pow and mul
+        if x_bytes == 4 and x_id > 0:
+            tr.keep(run.saved, x_id)
+            up = -1
+        else:
+            up = tr.alloc(4 * h * T, "activations")  # x.float(), saved by pow and mul
         sq = tr.alloc(4 * h * T, "transient")
         tr.free(sq)
         tr.keep(run.saved, tr.alloc(4 * T, "activations"))  # rsqrt
@@ -213,7 +227,8 @@ class LayerModel:
                 tr.keep(run.saved, tr.alloc(p.r * h * T, "activations"))
         else:
             tr.free(n32)
-        tr.keep(run.saved, up)
+        if up > 0:
+            tr.keep(run.saved, up)
 
     def _linear(self, tr: Any, run: LayerRun, lin: Linear, x_id: int, x_bytes: int, x_saved: list[bool],
                 lora_cache: dict[str, int]) -> int:
@@ -246,7 +261,7 @@ class LayerModel:
             xl = tr.alloc(lb * lin.in_f * T, "transient")
         dt = lb if xl > 0 or x_bytes == lb else x_bytes
         if lin.lora_dropout > 0:
-            tr.keep(run.saved, tr.alloc(lin.in_f * T, "activations"))  # bool mask
+            tr.keep(run.saved, tr.alloc(self._mask_bytes(dt) * lin.in_f * T, "activations"))
             xd = tr.alloc(dt * lin.in_f * T, "activations")
             tr.free(xl)
         else:
@@ -293,7 +308,7 @@ class LayerModel:
         run = LayerRun()
         lc: dict[str, int] = {}
         # attention block
-        self._norm(tr, run, p.r)
+        self._norm(tr, run, p.r, x_id)
         y = tr.alloc(p.r * h * T, "transient")
         y_saved = [False]
         outs = [self._linear(tr, run, lin, y, p.r, y_saved, lc) for lin in s.by_role("attn_in")]
@@ -320,12 +335,14 @@ class LayerModel:
             scores = tr.alloc(p.a * per, "transient")
             masked_scores = tr.alloc(max(p.a, p.r) * per, "transient")
             tr.free(scores)
+            if s.softcap:  # tanh(scores / cap) * cap: the tanh is saved
+                tr.keep(run.saved, tr.alloc(p.a * per, "attention"), tag="attention")
             probs32 = tr.alloc(4 * per, "attention")
             tr.free(masked_scores)
             probs = tr.alloc(p.a * per, "attention") if p.a != 4 else probs32
             tr.keep(run.saved, probs32, *([probs] if probs != probs32 else []), tag="attention")
             if s.attn_dropout:
-                tr.keep(run.saved, tr.alloc(per, "attention"), tag="attention")
+                tr.keep(run.saved, tr.alloc(self._mask_bytes(p.a) * per, "attention"), tag="attention")
                 tr.keep(run.saved, tr.alloc(p.a * per, "attention"), tag="attention")
             o = tr.alloc(p.a * s.q_width * T, "transient")
             att = tr.alloc(p.a * s.q_width * T, "activations")  # transpose(1, 2).contiguous()
@@ -334,28 +351,29 @@ class LayerModel:
             att = tr.alloc(p.a * s.q_width * T, "activations")  # (b, s, h, d) layout: o_proj's input is a view
             tr.keep(run.saved, tr.alloc(4 * s.heads * T, "attention"), tag="attention")  # log-sum-exp
             if self.device == "cpu" and s.attn_dropout:  # no dropout in the CPU flash kernel: math path
-                per = s.heads * self.S * T
-                tr.keep(run.saved, tr.alloc(4 * per, "attention"), tr.alloc(per, "attention"), tag="attention")
+                per = s.heads * self.S * T  # the softmax, the dropout's noise, the dropped probabilities
+                tr.keep(run.saved, tr.alloc(4 * per, "attention"), tr.alloc(p.a * per, "attention"),
+                        tr.alloc(p.a * per, "attention"), tag="attention")
         att_saved = [False]
         o_out = [self._linear(tr, run, lin, att, p.a, att_saved, lc) for lin in s.by_role("attn_out")]
         tr.keep(run.saved, att)
         if s.dropout_sites:
-            tr.keep(run.saved, tr.alloc(h * T, "activations"))
+            tr.keep(run.saved, tr.alloc(self._mask_bytes(p.a) * h * T, "activations"))
             d = tr.alloc(p.a * h * T, "transient")
             tr.free(*o_out)
             o_out = [d]
         if s.norms >= 4:  # post-attention norm (Gemma 2)
-            self._norm(tr, run, p.a)
+            self._norm(tr, run, p.a, o_out[0] if p.a == 4 and o_out else -1)
         h1 = tr.alloc(p.r * h * T, "transient")
-        tr.free(*o_out)
-        if not keep_input:
+        tr.free(*(i for i in o_out if i not in run.saved))
+        if not keep_input and x_id not in run.saved:
             tr.free(x_id)
         if checkpointed:
-            tr.free(*run.saved, *run.casts)
+            tr.free(*(i for i in run.saved if i != x_id), *run.casts)
             run.saved, run.casts, run.cast_of = [], [], {}
         run.mlp_start = len(run.saved)
         # MLP block
-        self._norm(tr, run, p.r)
+        self._norm(tr, run, p.r, h1)
         y2 = tr.alloc(p.r * h * T, "transient")
         y2_saved = [False]
         ins = [self._linear(tr, run, lin, y2, p.r, y2_saved, lc) for lin in s.by_role("mlp_in")]
@@ -383,17 +401,18 @@ class LayerModel:
         else:
             tr.free(prod)
         if s.dropout_sites:
-            tr.keep(run.saved, tr.alloc(h * T, "activations"))
+            tr.keep(run.saved, tr.alloc(self._mask_bytes(p.a) * h * T, "activations"))
             d = tr.alloc(p.a * h * T, "transient")
             tr.free(*d_out)
             d_out = [d]
         if s.norms >= 4:
-            self._norm(tr, run, p.a)
+            self._norm(tr, run, p.a, d_out[0] if p.a == 4 and d_out else -1)
         out = tr.alloc(p.r * h * T, "transient")
-        tr.free(*d_out)
-        tr.free(h1)
+        tr.free(*(i for i in d_out if i not in run.saved))
+        if h1 not in run.saved:
+            tr.free(h1)
         if checkpointed:
-            tr.free(*run.saved, *run.casts)
+            tr.free(*(i for i in run.saved if i != x_id), *run.casts)
             run.saved, run.casts, run.cast_of = [], [], {}
         return out, run
 

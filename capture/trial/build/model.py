@@ -270,6 +270,8 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
             if m.quantization != "none":
                 quantize_linears(model, m.quantization, compute, device)
                 _cast_unquantized(model, dtype)
+                if device.type == "cuda":  # the full-precision staging is capture's, not the run's: give it back
+                    torch.cuda.empty_cache()
         else:
             load: dict[str, Any] = dict(local_files_only=True, dtype=dtype, **kwargs)
             if m.quantization != "none" and folder_quant is None:
