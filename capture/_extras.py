@@ -25,6 +25,8 @@ EXTRA_OF: dict[str, tuple[str, str]] = {
     "wandb": ("trackers", "wandb"),
     "tensorboard": ("trackers", "tensorboard"),
     "uv": ("dev", "uv"),
+    "bitsandbytes": ("qlora", "bitsandbytes"),
+    "liger_kernel": ("kernels", "liger-kernel"),
 }
 
 

@@ -27,6 +27,8 @@ NOT_SETTINGS = frozenset({
     "name", "seed",  # a label; the seed changes neither memory nor speed
     "measured_steps", "warmup_steps", "scheduler.horizon_steps",  # the trial's length, not the run's
     "params_source",  # how a figure was counted
+    # where files were on the machine that ran it: their content (config_file_sha256, data.files) is the identity
+    "model.config_file", "model.path", "model.tokenizer_dir", "data.path", "data.measured_on",
 })
 """Keys of ``[trial.run]`` that describe the trial rather than the run it measures; so do keys ending
 in ``_note`` (prose) and ``_version`` (a library's version: stack drift, shown as such). Every other

@@ -277,7 +277,7 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
             grads.append(tr.alloc(emb.numel * (4 if p.r == 4 else gb), "gradients"))
     tr.mark("phase", "optimizer step")
     trainable = [(prm.numel, int(prm.bytes_per)) for prm in plan.params if prm.trainable]
-    if first and plan.optimizer != "paged_adamw_8bit":
+    if first and not (plan.optimizer == "paged_adamw_8bit" and plan.device_type == "cuda"):  # paged: unified memory
         for prm in plan.params:
             if prm.trainable:
                 opt_states.append(tr.alloc(optim_mod.state_bytes(plan.optimizer, prm.numel, _shape_of(prm, plan), int(prm.bytes_per),
@@ -348,7 +348,7 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
                           {"params": sum(prm.numel for prm in lora), "bytes_per_param": lora[0].bytes_per}))
     opt = tags.pop("optimizer_state", 0)
     paged = 0
-    if plan.optimizer == "paged_adamw_8bit":
+    if plan.optimizer == "paged_adamw_8bit" and plan.device_type == "cuda":
         paged = sum(optim_mod.state_bytes("adamw_8bit", prm.numel, _shape_of(prm, plan), int(prm.bytes_per))
                     for prm in plan.params if prm.trainable)
     terms.append(Term("optimizer_state", opt, _OPT_FORMULA[plan.optimizer],

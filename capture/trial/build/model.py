@@ -37,7 +37,11 @@ from capture.trial.config import TrialConfig
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ATTN_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface", "flash-attn 3 (hopper build)")}
-EXTRA_HINT = {"bitsandbytes": "pip install 'capture-stack[qlora]'", "liger_kernel": "pip install 'capture-stack[kernels]'"}
+def extra_hint(module: str) -> str:
+    """``pip install 'capture-stack[qlora]'``: the extra that provides ``module`` (capture._extras)."""
+    from capture._extras import DISTRIBUTION, EXTRA_OF
+
+    return f"pip install '{DISTRIBUTION}[{EXTRA_OF[module][0]}]'"
 
 
 def _has(module: str) -> bool:
@@ -51,7 +55,22 @@ def preflight(config: TrialConfig) -> Resolved:
     """Before anything is measured: the packages the settings need, and the model's config
     (architecture, config file, folder) resolved. One-line errors, exit 2."""
     check_requirements(config)
-    return resolve(config)
+    r = resolve(config)
+    folder_quant = getattr(r.hf_config, "quantization_config", None)
+    if folder_quant is not None and config.method != "lora":
+        kind = "nf4" if _qc(folder_quant, "bnb_4bit_quant_type") == "nf4" else (
+            "int8" if _qc(folder_quant, "load_in_8bit") else "quantized")
+        raise _frozen_folder(kind)
+    return r
+
+
+def _qc(qc: Any, key: str) -> Any:
+    return qc.get(key) if isinstance(qc, dict) else getattr(qc, key, None)
+
+
+def _frozen_folder(kind: str) -> ConfigError:
+    return ConfigError(f"trial.model: the folder holds a {kind} model (its config.json has a quantization_config); "
+                       "its weights are frozen", 'train adapters on it: method = "lora"')
 
 
 def check_requirements(config: TrialConfig) -> None:
@@ -61,7 +80,7 @@ def check_requirements(config: TrialConfig) -> None:
         key = "trial.model.quantization" if m.quantization != "none" else "trial.optimizer.name"
         what = m.quantization if m.quantization != "none" else config.optimizer.name
         if not _has("bitsandbytes"):
-            raise ConfigError(f"{key}: {what} needs bitsandbytes, which is not installed", EXTRA_HINT["bitsandbytes"])
+            raise ConfigError(f"{key}: {what} needs bitsandbytes, which is not installed", extra_hint("bitsandbytes"))
     need = _ATTN_PACKAGES.get(m.attn_implementation or "")
     if need and not _has(need[0]):
         raise ConfigError(f"trial.model.attn_implementation: {m.attn_implementation} needs the {need[1]} package, "
@@ -299,8 +318,7 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
     if folder_quant is not None:
         kind = quantization_of(model)
         if config.method != "lora":
-            raise ConfigError(f"trial.model: the folder holds a {kind or 'quantized'} model (its config.json has a "
-                              "quantization_config); its weights are frozen", 'train adapters on it: method = "lora"')
+            raise _frozen_folder(kind or "quantized")
         if m.quantization != "none" and kind and kind != m.quantization:
             raise ConfigError(f"trial.model.quantization: {m.quantization!r}, but the folder holds a {kind} model",
                               f'set quantization = "{kind}" (or leave it out: the folder decides)')
@@ -319,7 +337,11 @@ def enable_checkpointing(model: Any) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(f"trial.training.gradient_checkpointing: {type(model).__name__} does not support it in "
                           f"transformers {_transformers_version()}", "set gradient_checkpointing = false")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name transformers 5 moves to
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def quantize_linears(model: torch.nn.Module, quantization: str, compute: torch.dtype, device: torch.device) -> int:

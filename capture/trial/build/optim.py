@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from capture.errors import ConfigError
-from capture.trial.build.model import EXTRA_HINT
+from capture.trial.build.model import extra_hint
 from capture.trial.config import TrialConfig
 
 
@@ -68,7 +68,7 @@ def build_optimizer(model: torch.nn.Module, config: TrialConfig, device: torch.d
             import bitsandbytes as bnb
         except ImportError:
             raise ConfigError(f"trial.optimizer.name: {o.name} needs bitsandbytes, which is not installed",
-                              EXTRA_HINT["bitsandbytes"]) from None
+                              extra_hint("bitsandbytes")) from None
         kwargs.update(betas=o.betas, eps=o.eps)
         cls = bnb.optim.PagedAdamW8bit if o.name == "paged_adamw_8bit" else bnb.optim.AdamW8bit
     try:
@@ -125,7 +125,7 @@ def state_bytes(name: str, numel: int, shape: tuple[int, ...], param_bytes: int,
     if name in ("adamw_8bit", "paged_adamw_8bit"):
         if numel < min_8bit_size:
             return 2 * numel * 4
-        return 2 * numel + 2 * 4 * ((numel + 255) // 256) + 2 * 256 * 4  # uint8 moments, absmax per 256, qmaps
+        return 2 * numel + 2 * 4 * ((numel + 255) // 256)  # uint8 moments, an fp32 absmax per 256 (qmaps are shared)
     if name == "adafactor":
         if len(shape) >= 2:
             rows = numel // shape[-1]
