@@ -33,11 +33,13 @@ def test_init_then_pin_then_the_hook(identity, tmp_path, capsys):
     assert "commit " in out
     assert _git(repo, "status", "--porcelain") == ""  # everything written is committed
     files = sorted(_git(repo, "ls-files").split())
-    assert files == [".capture/results.toml", ".githooks/pre-commit", ".github/workflows/capture.yml",
-                     "README.md", "allowed_signers"]
-    assert (repo / "allowed_signers").read_text() == identity.allowed_line
+    assert files == [".capture/allowed_signers", ".capture/results.toml", ".githooks/pre-commit",
+                     ".github/workflows/capture.yml", ".gitignore", "README.md"]
+    assert (repo / ".capture" / "allowed_signers").read_text().split() == [
+        "alice@lab", 'namespaces="capture-manifest"', *identity.allowed_line.split()[1:]]
+    assert "site/" in (repo / ".gitignore").read_text().splitlines()
     flow = (repo / ".github" / "workflows" / "capture.yml").read_text()
-    assert "capture verify . --signature-only" in flow and "capture decide . -o site" in flow and "@" not in flow.split("CAPTURE_PIP_SPEC")[0]
+    assert "capture verify . --signature-only" in flow and "capture decide . -o site" in flow
     assert os.access(repo / ".githooks" / "pre-commit", os.X_OK)
     assert _git(repo, "config", "core.hooksPath").strip() == ".githooks"
 
