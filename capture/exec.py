@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -36,7 +35,6 @@ EXIT_NOT_EXECUTABLE = 126
 EXIT_CAPTURE_FAILED_AFTER = 125
 """The command succeeded but capture could not write the manifest afterwards."""
 
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|secret|password|passwd|api[_-]?key|access[_-]?key|credential)[\w-]*$", re.I)
 _CHUNK = 1 << 20
 
 
@@ -70,20 +68,10 @@ class ExecResult:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line as recorded: each argument redacted, and the value after a flag such as
-    ``--token`` or ``--password`` masked whole."""
-    from capture.redact import redact_text
+    """The command line as recorded: :func:`capture.redact.redact_argv` (the one redactor)."""
+    from capture.redact import redact_argv as _redact
 
-    out: list[str] = []
-    mask_next = False
-    for arg in argv:
-        if mask_next:
-            out.append("<redacted>")
-            mask_next = False
-            continue
-        out.append(redact_text(arg))
-        mask_next = bool(_SECRET_FLAG.match(arg))
-    return out
+    return _redact(list(argv))
 
 
 def _file_sha256(path: Path) -> tuple[str, int]:
