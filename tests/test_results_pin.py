@@ -390,3 +390,26 @@ def test_the_next_pin_of_another_manifest_repairs_first(repo, keys, tmp_path, st
     assert git(repo, "rev-list", "--count", f"{head_before}..HEAD").strip() == ("2" if step == "after-update-ref" else "1")
     assert git(repo, "status", "--porcelain", "--untracked-files=all", "--ignored") == ""
     assert _leftovers(repo) == []
+
+
+def test_pin_into_a_repository_whose_git_folder_is_not_writable_is_one_line(repo, keys, tmp_path, capsys):
+    """Issue 25: a traceback before. As a user the .git folder is made read-only; as root (who may
+    write anywhere) the lock file's place is taken by a folder, which fails the same open()."""
+    src = tmp_path / "run.toml"
+    keys["alice"].write(src, h200_manifest())
+    before = _state(repo)
+    git_dir = repo / ".git"
+    if os.geteuid() != 0:
+        git_dir.chmod(0o555)
+    else:
+        (git_dir / _publish.LOCK_NAME).mkdir()
+    try:
+        assert main(["pin", str(src), "--repo", str(repo)]) == 2
+    finally:
+        git_dir.chmod(0o755)
+        if (git_dir / _publish.LOCK_NAME).is_dir():
+            (git_dir / _publish.LOCK_NAME).rmdir()
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "Traceback" not in err and "pin cannot write" in err and "left as it was" in err
+    assert _state(repo) == before
+    assert main(["pin", str(src), "--repo", str(repo)]) == 0

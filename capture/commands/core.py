@@ -89,6 +89,9 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     )
     if options.code is not None and not options.code.is_dir():
         raise UsageError(f"--code {args.code}: not a folder", "name the folder that holds your training code")
+    if args.output:
+        from capture._atomic import check_target
+        check_target(args.output)  # a FIFO, device, link or folder is refused before probing
     if args.key:  # fail on a bad key before spending time probing
         from capture import signing
         signing.load_private_key(args.key)
@@ -119,9 +122,15 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 def cmd_keygen(args: argparse.Namespace) -> int:
     from capture import signing
 
+    from capture._atomic import check_target
+
     path = Path(args.output) if args.output else signing.default_key_path()
+    if args.output and path.parent.is_dir():  # a missing folder is generate_key's own error
+        for target in (path, Path(f"{path}.pub")):
+            check_target(target)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    pub = signing.generate_key(path, comment=args.comment, overwrite=args.force)
+    # the comment is the principal every command signs with for this key (sign, trial, exec, init, pin)
+    pub = signing.generate_key(path, comment=args.comment or signing.keys._user_at_host(), overwrite=args.force)
     key_only = " ".join(pub.split()[:2])
     principal = signing.default_principal(path)
     sys.stdout.write(f"{pub}\n")

@@ -9,6 +9,7 @@ Untested cards get no speed figures (settled decision 5): a memory fit at most, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +21,18 @@ from capture.results.summary import dig
 from capture.trial.cost import project
 from capture.trial.fit import Catalog
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TARGET_TOKENS = 1_000_000_000
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _count(v: Any) -> int:
+    """A step count read from a signed file that may hold any type there: a positive int, else 0."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -142,8 +150,8 @@ def _projection(run: Run, target: int, source: str, tokens_per_step: float | Non
     ckpt_every = dig(d, "trial.run.checkpoint_schedule.every_steps") or dig(d, "trial.checkpoint.every_steps") or 0
     val_s = _num(dig(d, "trial.validation.duration_s"))
     ckpt_s = _num(dig(d, "trial.checkpoint.duration_s"))
-    return project(target, source, int(tokens_per_step), step_mean_s, val_s, int(val_every) or 1 << 62,
-                   ckpt_s, int(ckpt_every), fixed)
+    return project(target, source, int(tokens_per_step), step_mean_s, val_s, _count(val_every) or 1 << 62,
+                   ckpt_s, _count(ckpt_every), fixed)
 
 
 def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
@@ -273,6 +281,17 @@ def untested_cards(configs: list[Config], catalog: Catalog, headroom: float = 0.
     return out
 
 
+def _configs_or_none(run: Run, catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None,
+                     target_epochs: float | None) -> list[Config]:
+    """:func:`configs_of`, or nothing for a run whose figures have types no trial writes (a signed
+    file can hold anything the schema allows): it is listed, not ranked, and decide goes on."""
+    try:
+        return configs_of(run, catalog, prices, target_tokens, target_epochs)
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError, IndexError) as exc:
+        log.warning("%s: not ranked, a figure has a type no trial writes (%s)", run.path, exc)
+        return []
+
+
 def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
            target_epochs: float | None = None) -> list[Group]:
     """Group by run definition (largest group first), rank each group's configurations."""
@@ -282,7 +301,7 @@ def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], targe
     groups = sorted((Group(k, v) for k, v in by_def.items()),
                     key=lambda g: (-sum(r.trusted for r in g.runs), -len(g.runs), g.runs[0].created_utc))
     for g in groups:
-        configs = [c for r in g.runs for c in configs_of(r, catalog, prices, target_tokens, target_epochs)]
+        configs = [c for r in g.runs for c in _configs_or_none(r, catalog, prices, target_tokens, target_epochs)]
         g.configs = _rank(configs)
         g.untested = untested_cards(g.configs, catalog)
     if groups:

@@ -213,12 +213,17 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     root = Path(repo_dir).resolve()
     rel_root = root.relative_to(top).as_posix() if root != top else ""
     git_dir = Path(repo.git_dir)
-    with _publish.PinLock(git_dir, top):
-        done = _publish.recover(repo, top, git_dir)
-        if done:
-            print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
-        _hook("locked")
-        return _pin_locked(repo, top, root, rel_root, files, message, tag)
+    try:
+        with _publish.PinLock(git_dir, top):
+            done = _publish.recover(repo, top, git_dir)
+            if done:
+                print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
+            _hook("locked")
+            return _pin_locked(repo, top, root, rel_root, files, message, tag)
+    except OSError as exc:  # .git not writable, a full disk: nothing of this pin is visible yet
+        where = exc.filename or git_dir
+        raise UsageError(f"{top}: pin cannot write {where} ({exc.strerror or exc}); the repository was left as it was",
+                         "pin as a user who can write the repository's .git folder, or free space there") from None
 
 
 def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str], message: str | None,
