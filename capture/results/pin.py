@@ -14,10 +14,11 @@ written over one that is already there.
 
 Atomicity (``capture/results/_publish.py``). Pins into one repository take turns (an flock on
 ``.git/capture-pin.lock``; a second pin waits). Nothing a user can see changes until every manifest
-is verified and the new commit exists in a temporary index. Publishing is journaled
-(``.git/capture-pin.journal``): files are written, git's ``index.lock`` is taken holding the new
-index, HEAD moves with a compare-and-swap (``update-ref HEAD NEW OLD``), the index is renamed into
-place. A failure undoes it; a SIGKILL at any step leaves the repository as it was or in a state the
+is verified, the new commit exists and the files, the next index and a journal
+(``.git/capture-pin.journal``) are prepared inside ``.git``. A detached child holding the lock then
+renames the files into place, takes git's ``index.lock`` holding the new index, moves HEAD with a
+compare-and-swap (``update-ref HEAD NEW OLD``) and installs the index: killing `capture pin` at any
+moment leaves the repository as it was or with the pin complete. If the child is killed too, the
 next pin repairs first, finishing the pin if HEAD moved and undoing it if not, touching only what
 the journal proves a pin of ours wrote.
 
