@@ -150,30 +150,32 @@ def _check_all(items: list[tuple[str, _PerFile]], keep_data: bool,
 
 
 def _trust_per_file(files: list[str], explicit: str | os.PathLike[str] | None,
-                    revision: trust_root.RevisionTrust | None) -> list[_PerFile]:
-    """The trust root of each file, chosen here once per folder (warnings about ignored files
-    are given once, in this process)."""
-    by_folder: dict[str, _PerFile] = {}
-    out: list[_PerFile] = []
+                    revision: trust_root.RevisionTrust | None) -> tuple[list[_PerFile], list[Path | None]]:
+    """The trust root of each file and the results repository holding it, chosen here once per
+    folder (warnings about ignored files are given once, in this process)."""
+    by_folder: dict[str, tuple[_PerFile, Path | None]] = {}
     fixed: AllowedSigners | None = None
     if explicit is not None:
         fixed = load_allowed(explicit)  # a bad --allowed-signers is one usage error, not a row per file
     elif revision is not None:
         fixed = revision.allowed
+    trust: list[_PerFile] = []
+    roots: list[Path | None] = []
     for path in files:
         folder = os.path.dirname(os.path.abspath(path))
         if folder not in by_folder:
             try:
                 if revision is not None:
-                    trust_root.choose(path, revision.root / trust_root.TRUST_FILE, source=revision.allowed.path or "")
-                    by_folder[folder] = revision.allowed
+                    chosen = trust_root.choose(path, revision.root / trust_root.TRUST_FILE, source=revision.allowed.path or "")
                 else:
                     chosen = trust_root.choose(path, explicit)
-                    by_folder[folder] = fixed if fixed is not None else chosen
+                by_folder[folder] = (fixed if fixed is not None else chosen, chosen.results_root)
             except SignatureError as exc:
-                by_folder[folder] = exc
-        out.append(by_folder[folder])
-    return out
+                by_folder[folder] = (exc, trust_root.results_root(path))
+        t, r = by_folder[folder]
+        trust.append(t)
+        roots.append(r)
+    return trust, roots
 
 
 def verify_tree(paths: Sequence[str | os.PathLike[str]], allowed_signers: str | os.PathLike[str] | None = None,
@@ -213,7 +215,7 @@ def _verify(paths: Sequence[str | os.PathLike[str]], allowed_signers: str | os.P
     if not files and not all(is_results_repo(p) for p in paths):
         raise UsageError(f"no manifest (*.toml) found in {', '.join(map(str, paths))}",
                          "name a results repository folder, a glob such as 'runs/**/*.toml', or manifest files")
-    trust = _trust_per_file(files, allowed_signers, revision)
+    trust, roots = _trust_per_file(files, allowed_signers, revision)
     policy = policy or Policy.default()
     live = LiveStack(code_dir, verify_artifacts) if stack else None
     entries: list[Verdict] = []
@@ -229,21 +231,10 @@ def _verify(paths: Sequence[str | os.PathLike[str]], allowed_signers: str | os.P
     if revision is not None:
         entries, added = _name_added_signers(entries, signers, revision, paths)
         notes += added
-    entries = pinned.check(entries, cids, _roots(files), {Path(os.path.abspath(p)) for p in paths if os.path.isdir(p)})
+    entries = pinned.check(entries, cids, roots, {Path(os.path.abspath(p)) for p in paths if os.path.isdir(p)})
     if stack and any(e.status in ("OK", "DRIFT") for e in entries):
         notes.append(TRIAL_NOTE)
     return TreeReport(tuple(entries), time.perf_counter() - t0, stack, tuple(notes))
-
-
-def _roots(files: list[str]) -> list[Path | None]:
-    by_folder: dict[str, Path | None] = {}
-    out = []
-    for f in files:
-        folder = os.path.dirname(os.path.abspath(f))
-        if folder not in by_folder:
-            by_folder[folder] = trust_root.results_root(folder)
-        out.append(by_folder[folder])
-    return out
 
 
 def _name_added_signers(entries: list[Verdict], signers: list[_Signer], revision: trust_root.RevisionTrust,

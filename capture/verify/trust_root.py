@@ -75,30 +75,39 @@ def _owned_by_us(path: Path) -> bool:
     return uid in (me, 0) and real_uid in (me, 0)
 
 
+def _ancestors(folder: str) -> list[str]:
+    out = [folder]
+    while True:
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return out
+        out.append(parent)
+        folder = parent
+
+
 def work_tree_top(path: str | os.PathLike[str]) -> Path | None:
     """The nearest folder at or above ``path`` holding ``.git`` (a folder or a gitfile); None outside git."""
-    folder = Path(os.path.abspath(path))
-    for candidate in (folder, *folder.parents):
-        if os.path.lexists(candidate / ".git"):
-            return candidate
+    for candidate in _ancestors(os.path.abspath(path)):
+        if os.path.lexists(os.path.join(candidate, ".git")):
+            return Path(candidate)
     return None
+
+
+_MARKER_NAMES = tuple(str(m) for m in MARKERS)
 
 
 def results_root(path: str | os.PathLike[str]) -> Path | None:
     """The results repository holding ``path`` (a folder or a file): the outermost marked folder
     between ``path`` and the top of its git work tree; None when there is none."""
-    p = Path(os.path.abspath(path))
-    start = p if p.is_dir() else p.parent
-    top = work_tree_top(start)
-    if top is None:
-        return None
+    p = os.path.abspath(path)
+    start = p if os.path.isdir(p) else os.path.dirname(p)
     found = None
-    for folder in (start, *start.parents):
-        if any((folder / m).is_file() for m in MARKERS):
+    for folder in _ancestors(start):
+        if any(os.path.isfile(os.path.join(folder, m)) for m in _MARKER_NAMES):
             found = folder
-        if folder == top:
-            break
-    return found
+        if os.path.lexists(os.path.join(folder, ".git")):
+            return Path(found) if found is not None else None
+    return None  # no work tree above: no results repository
 
 
 def _refuse_escaping_link(candidate: Path, folder: Path) -> None:
@@ -128,24 +137,22 @@ def repository_trust_file(root: Path) -> Path | None:
 
 
 def _candidates(manifest_path: str | os.PathLike[str]) -> list[Path]:
-    folder = Path(os.path.abspath(manifest_path))
-    folder = folder if folder.is_dir() else folder.parent
-    out = []
-    for d in (folder, *folder.parents):
-        out += [d / name for name in CANDIDATES if (d / name).is_file()]
-    return out
+    p = os.path.abspath(manifest_path)
+    folder = p if os.path.isdir(p) else os.path.dirname(p)
+    return [Path(d, name) for d in _ancestors(folder) for name in CANDIDATES if os.path.isfile(os.path.join(d, name))]
 
 
 def choose(manifest_path: str | os.PathLike[str], explicit: str | os.PathLike[str] | None = None,
            warn: bool = True, source: str = "--allowed-signers") -> TrustRoot:
     """The trust root for ``manifest_path`` (see the module docstring for the order); ``source``
-    says where an ``explicit`` file comes from (the flag, or ``--trust-from``'s revision)."""
+    says where an ``explicit`` file comes from (the flag, or ``--trust-from``'s revision).
+    :attr:`TrustRoot.results_root` is always filled in."""
+    results = results_root(manifest_path)
     if explicit:
-        root = TrustRoot(Path(explicit), source)
+        root = TrustRoot(Path(explicit), source, results)
     elif os.environ.get("CAPTURE_ALLOWED_SIGNERS"):
-        root = TrustRoot(Path(os.environ["CAPTURE_ALLOWED_SIGNERS"]).expanduser(), "$CAPTURE_ALLOWED_SIGNERS")
+        root = TrustRoot(Path(os.environ["CAPTURE_ALLOWED_SIGNERS"]).expanduser(), "$CAPTURE_ALLOWED_SIGNERS", results)
     else:
-        results = results_root(manifest_path)
         repo_file = repository_trust_file(results) if results is not None else None
         if repo_file is not None:
             root = TrustRoot(repo_file, "results repository", results)
