@@ -34,7 +34,8 @@ def check_target(path: str | os.PathLike[str], flag: str = "-o", follow_link: bo
     except FileNotFoundError:
         folder = p.parent if str(p.parent) else Path(".")
         if not folder.is_dir():
-            raise UsageError(f"{shown}: folder {folder} does not exist", "create it first or choose another path") from None
+            where = f"{flag}:" if flag else f"{path}:"
+            raise UsageError(f"{where} folder {folder} does not exist", "create it first or choose another path") from None
         return p
     except OSError as exc:
         raise UsageError(f"{shown}: cannot check it ({exc.strerror})", "choose another path") from None

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from capture._escape import printable
 from capture.errors import EXIT_DRIFT, EXIT_MALFORMED, EXIT_OK, EXIT_SIGNATURE, CaptureError, ManifestError, SignatureError, UsageError
+from capture.results.summary import content_id
 from capture.signing.trust import AllowedSigners
 import capture.verify.pinned as pinned
 import capture.verify.trust_root as trust_root
@@ -81,7 +82,7 @@ class TreeReport:
 def is_results_repo(path: str | os.PathLike[str]) -> bool:
     """A folder laid out by `capture pin` (an empty one verifies as "0 manifests", not an error)."""
     p = Path(path)
-    return p.is_dir() and ((p / ".capture" / "results.toml").is_file() or (p / "index.json").is_file())
+    return p.is_dir() and any((p / m).is_file() for m in (*trust_root.MARKERS, "index.json"))
 
 
 def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -109,13 +110,7 @@ def _open_one(path: str, trust: _PerFile, keep_data: bool) -> tuple[_Opened, str
         return exc, None, signer
     # Only what the judgment needs crosses back from a worker process.
     return (OpenedManifest(opened.path, b"", b"", opened.data if keep_data else {}, opened.signature),
-            content_id_of(opened.raw), None)
-
-
-def content_id_of(raw: bytes | None) -> str | None:
-    from capture.results.summary import content_id
-
-    return content_id(raw) if raw is not None else None
+            content_id(opened.raw), None)
 
 
 def _check_chunk(job: tuple[list[tuple[str, _PerFile]], bool]) -> list[tuple[_Opened, str | None, str | None, _Signer]]:
