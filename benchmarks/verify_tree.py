@@ -37,6 +37,7 @@ from capture import manifest as mf  # noqa: E402
 from capture import signing  # noqa: E402
 from capture.fingerprint import collect  # noqa: E402
 from capture.probes import ProbeOptions  # noqa: E402
+from capture.results.index import render_json
 from capture.results.pin import pin_path  # noqa: E402
 from capture.verify.tree import verify_paths  # noqa: E402
 
@@ -77,7 +78,10 @@ def make_tree(root: Path, n: int, packages: int) -> tuple[Path, int]:
     key = signing.load_private_key(key_path)
     repo = root / "results"
     (repo / ".capture").mkdir(parents=True)
+    # a results repository lives in a git work tree; its root's .capture/allowed_signers decides trust
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, capture_output=True)
     (repo / ".capture" / "allowed_signers").write_text(f"bench@lab {signing.public_key_line(key)}\n")
+    rows = []
     m = base_manifest(packages)
     sizes = []
     for i in range(n):
@@ -85,10 +89,13 @@ def make_tree(root: Path, n: int, packages: int) -> tuple[Path, int]:
         m["trial"]["stats"]["tokens_per_s"] = 64113.2 + i
         body = mf.dumps(m)
         raw = body + signing.make_trailer(body, key, "bench@lab")
-        dest = repo / pin_path(m, raw)
+        rel = pin_path(m, raw)
+        dest = repo / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(raw)
+        rows.append({"path": rel, "content_id": Path(rel).stem})
         sizes.append(len(raw))
+    (repo / "index.json").write_bytes(render_json(rows))  # what pin writes: verify DIR checks it lists every file
     return repo, int(statistics.median(sizes))
 
 

@@ -63,6 +63,12 @@ class ManifestError(CaptureError):
     exit_code = EXIT_MALFORMED
 
 
+class NotAManifest(ManifestError):
+    """A file with no manifest header (no ``schema_version`` line, no ``[signature]`` table), met
+    while walking a folder: a tree run lists it as skipped, exit 0 (a trial config kept beside
+    manifests); named alone it is malformed (exit 3)."""
+
+
 class SignatureError(CaptureError):
     """Not signed, signature invalid, body tampered, or signer not trusted (exit 4)."""
 

@@ -226,6 +226,13 @@ def split_signed(data: bytes) -> tuple[bytes, bytes | None]:
 
 
 _TRAILER_RE = re.compile(rb"^\[signature\]\r?$", re.MULTILINE)
+_HEADER_RE = re.compile(rb"""^[ \t]*(?:["']?schema_version["']?[ \t]*=|\[signature\][ \t]*\r?$)""", re.MULTILINE)
+
+
+def has_header(raw: bytes) -> bool:
+    """Whether ``raw`` claims to be a manifest: a top-level ``schema_version = ...`` line or a
+    ``[signature]`` table. A tree run skips other ``*.toml`` files (trial configs beside manifests)."""
+    return _HEADER_RE.search(raw) is not None
 
 
 def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:

@@ -63,6 +63,7 @@ _TOKEN_FORMATS = (
     r"\beyJ[\w-]{8,}\.[\w-]{8,}(?:\.[\w-]*)?",  # JWT (header.payload[.signature])
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----)?",
     r"\bbot\d{6,}:[\w-]{30,}",  # Telegram bot token
+    r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}", r"\bdapi[0-9a-f]{32}\b",  # Stripe, Databricks
 )
 TOKEN_VALUE = re.compile("|".join(_TOKEN_FORMATS), re.S)
 """Credentials recognised by their own format, wherever they appear."""
@@ -102,6 +103,55 @@ def _opaque(segment: str) -> bool:
                 and sum(map(len, digit_runs)) >= 3:  # random: digits scattered, not a year in a name
             return True
     return False
+
+
+_B64ISH = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{30,512}={0,2}(?![A-Za-z0-9+/_=-])")
+_UUIDISH = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_MIXED_MIN_BITS = 4.4
+"""Shannon entropy per character above which a 30+ character run of base64 letters that mixes upper
+case, lower case and digits is taken for a key (random keys: ~4.7; paths and flag names: < 4.3)."""
+
+
+def _bits_per_char(text: str) -> float:
+    import math
+    from collections import Counter
+
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in Counter(text).values())
+
+
+def _random_run(piece: str) -> bool:
+    return (not piece.startswith("/") and _UUIDISH.search(piece) is None and re.search(r"[a-z]", piece) is not None
+            and re.search(r"[A-Z]", piece) is not None and re.search(r"[0-9]", piece) is not None
+            and _bits_per_char(piece) >= _MIXED_MIN_BITS)
+
+
+def secret_shaped(value: str) -> bool:
+    """A value that is a credential by its shape alone, wherever it is: a provider token format, an
+    opaque run (:func:`_opaque`), or a 30+ character run of base64 letters that mixes cases and digits
+    with the entropy of a random key (an AWS secret access key, a Stripe or Azure key). Hex digests
+    are not secret-shaped here (URLs and manifests are full of them); see :func:`looks_secret`."""
+    v = value.strip().strip("'\"")
+    if TOKEN_VALUE.search(v) or _opaque(v):
+        return True
+    return any(_random_run(m.group(0)) for m in _B64ISH.finditer(v))
+
+
+def _token_segment(segment: str) -> bool:
+    """A URL path segment or bare fragment that is a token: besides :func:`_opaque` runs, a piece of
+    16+ letters and digits mixing upper case, lower case and digits (an entitlement token such as
+    Cloudsmith's ``dl.cloudsmith.io/<token>/``); file names and words are split at ``.-_~``."""
+    if _opaque(segment) or secret_shaped(segment):
+        return True
+    for piece in re.split(r"[-_.~+]", segment):
+        if len(piece) >= 16 and piece.isalnum() and piece.isascii() and not _HEX_DIGEST.fullmatch(piece) \
+                and re.search(r"[a-z]", piece) and re.search(r"[A-Z]", piece) and re.search(r"[0-9]", piece) \
+                and sum(map(len, _WORDISH.findall(piece))) * 2 < len(piece):  # not mostly words: MyProject2023Build
+            return True
+    return False
+
+
+_WORDISH = re.compile(r"[A-Z]?[a-z]{3,}|[A-Z]{3,}")
 
 
 # --------------------------------------------------------------------------- URLs
@@ -145,13 +195,15 @@ def redact_url(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         keep_user = scheme in ("ssh", "sftp") and user and not TOKEN_VALUE.search(user) and not _opaque(user)
         netloc = f"{user}@{host}" if keep_user else host
-    path = "/".join(REDACTED if (TOKEN_VALUE.search(urllib.parse.unquote(seg)) or _opaque(urllib.parse.unquote(seg)))
+    path = "/".join(REDACTED if (TOKEN_VALUE.search(urllib.parse.unquote(seg)) or _token_segment(urllib.parse.unquote(seg)))
                     else seg for seg in parts.path.split("/"))
     query = _redact_pairs(parts.query, "&") if parts.query else ""
     fragment = parts.fragment
     if fragment:
         if "=" in fragment or TOKEN_VALUE.search(fragment):
             fragment = _redact_pairs(fragment, "&")
+        elif _token_segment(urllib.parse.unquote(fragment)):  # a bare #fragment that is a token
+            fragment = ""
     return urllib.parse.urlunsplit((parts.scheme, netloc, path, query, fragment))
 
 
@@ -173,6 +225,7 @@ def _scrub(text: str, urls: bool = True) -> str:
     text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _ASSIGNMENT.sub(_assignment, text)
     text = TOKEN_VALUE.sub(REDACTED, text)
+    text = _B64ISH.sub(lambda m: REDACTED if _random_run(m.group(0)) else m.group(0), text)
     return text
 
 
@@ -199,16 +252,19 @@ hashes) are passed by this one search instead of five substitutions."""
 
 def redact_text(text: str) -> str:
     """Free text (a variable's value, a flag string, an error message) with every credential removed."""
-    if not text or not _MAYBE.search(text):
+    if not text or (not _MAYBE.search(text) and not _B64ISH.search(text)):
         return text
     return _scrub(text)
 
 
 def looks_secret(name: str, value: str) -> bool:
-    """A named value (an environment variable, a config key) that must not be recorded as it is."""
+    """A named value (an environment variable, a config key) that must not be recorded as it is:
+    its name announces a credential, free-text redaction would change it, or it is secret-shaped
+    (a variable whose whole value is 32+ hex digits too: W&B and Databricks keys look like that, and a
+    variable rarely holds a bare digest)."""
     if name_is_secret(name):
         return True
-    if redact_text(value) != value:
+    if redact_text(value) != value or secret_shaped(value) or re.fullmatch(r"\s*[0-9a-fA-F]{32,}\s*", value):
         return True
     return bool(SUSPICIOUS_NAME.search(name) and _OPAQUE_BLOB.search(value))
 
@@ -336,3 +392,95 @@ def toml_without_comments(text: str, redact_strings: bool = True) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+# --------------------------------------------------------------------------- command lines (capture exec)
+
+_FLAG_SECRET = re.compile(r"(?:^|_)(?:pass(?:word|wd|phrase|in|out)?|pwd|pw|otp|jwt|pin)(?:$|_)|token|secret|auth|credential|"
+                          r"api_?key|access_?key|private_?key|(?:^|_)key$|cookie|session|bearer", re.I)
+"""Option names (without dashes) whose value is a credential: ``--pass``, ``--passphrase``,
+``--auth``, ``--hf-token``, ``--api-key``, ``--db-password`` ..."""
+_USER_FLAGS = ("-u", "--user", "--proxy-user")
+"""curl/wget-style ``USER:PASSWORD`` options: the part after the first colon is the password."""
+_KEY_VALUE = re.compile(r"^(?P<key>[+~]*[A-Za-z_][\w.-]*)=(?P<value>.*)$", re.S)
+
+
+def _flag_is_secret(name: str) -> bool:
+    bare = name.lstrip("-+~").replace("-", "_").replace(".", "_")
+    return bool(bare) and bool(_FLAG_SECRET.search(_BENIGN_NAME_WORDS.sub("", bare)))
+
+
+def _redact_json(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: (REDACTED if isinstance(k, str) and (name_is_secret(k) or _flag_is_secret(k)) and v not in (None, "")
+                    else _redact_json(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redact_json(v) for v in obj]
+    if isinstance(obj, str):
+        return REDACTED if secret_shaped(obj) else redact_text(obj)
+    return obj
+
+
+def _redact_arg(arg: str) -> str:
+    stripped = arg.strip()
+    if stripped[:1] in ("{", "[") and len(stripped) <= 1_000_000:
+        import json
+
+        try:
+            parsed = json.loads(stripped)
+        except (ValueError, RecursionError):
+            parsed = None
+        if isinstance(parsed, (dict, list)):
+            cleaned = _redact_json(parsed)
+            return arg if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
+    m = _KEY_VALUE.match(arg)
+    if m and (name_is_secret(m.group("key")) or _flag_is_secret(m.group("key"))) and m.group("value"):
+        return f"{m.group('key')}={REDACTED}"
+    return redact_text(arg)
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line as ``capture exec`` records it, credentials removed by structure:
+
+    - the value of an option that takes a secret, given apart or attached (``--pass X``,
+      ``--passphrase X``, ``--auth X``, ``--hf-token=X``, ``--password X``);
+    - the password of ``-u USER:PASSWORD`` / ``--user USER:PASSWORD`` (curl), also ``-uUSER:PASSWORD``;
+    - ``KEY=VALUE`` arguments whose key names a credential (``token=X``, ``db.password=X``);
+    - JSON arguments: the value under every key that names a credential, at any depth;
+    - and in every argument what :func:`redact_text` finds (URLs with credentials, token formats,
+      ``Bearer X``), or a whole argument that is secret-shaped (:func:`secret_shaped`).
+    """
+    out: list[str] = []
+    mask_next = user_next = False
+    for arg in argv:
+        if mask_next:
+            mask_next = False
+            if not (arg.startswith("--") and len(arg) > 2):  # `--auth --verbose`: a switch, not a value
+                out.append(REDACTED)
+                continue
+        if user_next:
+            user, colon, _ = arg.partition(":")
+            out.append(f"{redact_text(user)}:{REDACTED}" if colon else redact_text(arg))
+            user_next = False
+            continue
+        if arg.startswith("-") and not arg.startswith("---") and len(arg) > 1:
+            name, eq, value = arg.partition("=")
+            if arg in _USER_FLAGS:
+                user_next = True
+                out.append(arg)
+                continue
+            if arg.startswith("-u") and not arg.startswith("--") and ":" in arg[2:]:
+                out.append(f"-u{redact_text(arg[2:].partition(':')[0])}:{REDACTED}")
+                continue
+            if name in _USER_FLAGS and eq:
+                out.append(f"{name}={redact_text(value.partition(':')[0])}:{REDACTED}" if ":" in value else arg)
+                continue
+            if (name.startswith("--") or len(name) > 3) and _flag_is_secret(name):  # --pass, -passin (openssl)
+                if eq:
+                    out.append(f"{name}={REDACTED}" if value else arg)
+                else:
+                    out.append(arg)
+                    mask_next = True
+                continue
+        out.append(REDACTED if secret_shaped(arg) and not arg.startswith(("/", "./", "../")) else _redact_arg(arg))
+    return out

@@ -278,3 +278,122 @@ def test_hostile_policy_file_is_one_config_error(tmp_path, test_signer, h200_bod
                  ["diff", str(m), str(m), "--policy", str(policy)]):
         assert main(args) == 2
         _one_error(capsys.readouterr().err)
+
+
+# --------------------------------------------------------------------------- issue 25: loops, globs, -o targets
+
+
+def test_a_symlink_loop_named_toml_is_one_row_in_verify_and_decide(tmp_path, test_signer, h200_body, capsys):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "good.toml").write_bytes(test_signer.sign(h200_body))
+    (folder / "loop.toml").symlink_to("loop.toml")
+    (folder / "a.toml").symlink_to("b.toml")
+    (folder / "b.toml").symlink_to("a.toml")
+    a = ["--allowed-signers", str(test_signer.allowed)]
+    assert main(["verify", str(folder), "--signature-only", *a]) == 3
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and [ln.split()[0] for ln in out.splitlines()[:-1]].count("MALFORMED") == 3
+    for args in ([str(folder)], [str(folder / "*.toml")], [str(folder / "**" / "*.toml")], [str(folder / "loop.toml")]):
+        assert main(["decide", *args, *a]) == 0  # a glob matches files only: the loops are left out
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and err.count("error:") == 0, err
+        if args[0].endswith(("runs", "loop.toml")):
+            assert "loop.toml" in out and "MALFORMED" in out
+
+
+def _folder_linking_to_itself(tmp_path: Path, sign) -> tuple[Path, bytes]:
+    root = tmp_path / "runs"
+    (root / "sub").mkdir(parents=True)
+    raw = sign(b"")
+    (root / "sub" / "run.toml").write_bytes(raw)
+    for name in ("self", "twin", "again"):  # three links back: 3**depth paths for a walker that follows them all
+        (root / name).symlink_to(root, target_is_directory=True)
+        (root / "sub" / name).symlink_to(root, target_is_directory=True)
+    return root, raw
+
+
+@pytest.mark.parametrize("command", ["verify", "decide"])
+def test_a_glob_over_a_folder_that_links_to_itself_ends_in_bounded_memory(tmp_path, test_signer, h200_body, command):
+    """Issue 25: `'**'` over such a folder grew to 22.5 GiB. Now each folder is entered once; the run
+    ends in seconds under a 1 GiB address-space limit and lists the one manifest once."""
+    root, _ = _folder_linking_to_itself(tmp_path, lambda _: test_signer.sign(h200_body))
+    args = [sys.executable, "-m", "capture", command, str(root / "**" / "*.toml"), "--allowed-signers", str(test_signer.allowed)]
+    if command == "verify":
+        args.append("--signature-only")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, preexec_fn=_limited,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    if command == "verify":
+        assert r.stdout.splitlines()[-1].startswith("1 manifest(s): 1 OK"), r.stdout
+
+
+def test_glob_expansion_stops_at_its_documented_count(tmp_path, monkeypatch, capsys):
+    from capture.verify import walk
+
+    for i in range(12):
+        (tmp_path / f"m{i}.toml").write_text("")
+    monkeypatch.setattr(walk, "MAX_FILES", 10)
+    assert main(["verify", str(tmp_path / "*.toml"), "--signature-only"]) == 2
+    _one_error(capsys.readouterr().err)
+    assert main(["verify", str(tmp_path), "--signature-only"]) == 2
+    err = capsys.readouterr().err
+    _one_error(err)
+    assert "more than 10 files" in err
+    monkeypatch.setattr(walk, "MAX_ENTRIES", 5)
+    assert main(["decide", str(tmp_path / "**" / "*.toml")]) == 2
+    assert "more than 5 entries" in capsys.readouterr().err
+
+
+def test_the_glob_walker_matches_what_glob_matches(tmp_path):
+    import glob
+
+    from capture.verify import walk
+
+    for rel in ("a.toml", "b.txt", ".hidden.toml", "d/x.toml", "d/e/y.toml", "d/.h/z.toml", "f[1].toml", "g/h/i/j.toml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    for pattern in ("*.toml", "**/*.toml", "d/**/*.toml", "*/*.toml", "d/*/*.toml", "?.toml", "[ab].*", "**/j.toml", "g/**"):
+        full = str(tmp_path / pattern)
+        want = sorted(m for m in glob.glob(full, recursive=True) if os.path.isfile(m))
+        assert sorted(walk.glob_files(full)) == want, pattern
+
+
+def _targets(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    (tmp_path / "folder").mkdir()
+    out["folder"] = tmp_path / "folder"
+    os.mkfifo(tmp_path / "fifo")
+    out["fifo"] = tmp_path / "fifo"
+    (tmp_path / "real").write_text("keep\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    out["symlink"] = tmp_path / "link"
+    out["device"] = Path(os.devnull)
+    return out
+
+
+@pytest.mark.parametrize("command", ["fingerprint", "fingerprint-signed", "export", "keygen", "trial", "sign"])
+def test_o_refuses_anything_but_a_regular_file_or_a_new_path(tmp_path, test_signer, h200_body, command, capsys, home):
+    """Issue 25: `-o` swapped a FIFO, a device node (as root: /dev/null) or a symlink for a regular file."""
+    m = tmp_path / "m.toml"
+    m.write_bytes(test_signer.sign(h200_body))
+    for kind, target in _targets(tmp_path).items():
+        if command == "sign" and kind in ("folder", "fifo", "device"):
+            continue  # sign reads FILE first: those are refused as manifests (exit 3)
+        before = os.lstat(target)
+        args = {
+            "fingerprint": ["fingerprint", "-o", str(target)],
+            "fingerprint-signed": ["fingerprint", "-o", str(target), "--key", str(test_signer.key)],
+            "export": ["export", str(m), "--format", "in-toto", "--key", str(test_signer.key), "-o", str(target)],
+            "keygen": ["keygen", "-o", str(target), "--force"],
+            "trial": ["trial", "--example", "tiny", "-o", str(target)],
+            "sign": ["sign", str(target), "--key", str(test_signer.key)],
+        }[command]
+        if command == "sign":
+            (tmp_path / "real").write_bytes(mf.split_signed(test_signer.sign(h200_body))[0])
+        assert main(args) == 2, (kind, capsys.readouterr())
+        err = capsys.readouterr().err
+        _one_error(err)
+        assert "is a" in err and "regular file or a new path" in err, err
+        after = os.lstat(target)
+        assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), kind

@@ -214,3 +214,92 @@ def test_code_is_read_only_so_it_may_live_inside_var_but_not_be_a_system_folder(
     for folder, why in (("/etc", "--code /etc: refusing to mount a system folder (/etc)"), ("/", "root folder")):
         assert main(["run", "--image", "x", "--code", folder, "--dry-run", "--", "fingerprint"]) == 2
         assert why in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 25: the hostile-mount corpus
+
+
+def _corpus(tmp_path: Path, monkeypatch) -> dict[str, list[str]]:
+    """name -> `capture run` arguments that must be refused (exit 2, one line, before Docker is asked).
+    The home folder is a fake one here, with the credential folders a real one has."""
+    import socket
+
+    home = tmp_path / "home" / "alice"
+    for d in (".ssh", ".docker", ".aws", ".kube", ".gnupg", ".config/capture", ".config/gcloud", "project/.git", "keys"):
+        (home / d).mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    (home / ".config" / "capture" / "id_ed25519").write_text("k")
+    (home / "keys" / "signing").write_text("k")
+    rootless = home / "rootless-docker"
+    rootless.mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(rootless / "docker.sock"))
+    monkeypatch.setattr(_corpus, "sock", sock, raising=False)
+    (tmp_path / "link-to-etc").symlink_to("/etc")
+    (home / "link-to-ssh").symlink_to(home / ".ssh")
+    out = str(home / "out")
+    project = str(home / "project")
+    return {
+        "root": ["--out", "/"],
+        "etc": ["--out", "/etc"],
+        "proc": ["--out", "/proc/sys"],
+        "sys": ["--out", "/sys/kernel"],
+        "dev-shm": ["--out", "/dev/shm"],
+        "proc-self-root": ["--out", "/proc/self/root"],
+        "proc-self-cwd-alias-of-root": ["--out", "/proc/1/cwd"],
+        "symlink-to-etc": ["--out", str(tmp_path / "link-to-etc" / "x")],
+        "dotdot-to-root": ["--out", str(tmp_path) + "/.." * 20],
+        "home": ["--out", str(home)],
+        "parent-of-home": ["--out", str(home.parent)],
+        "relative-dotdot-to-home": ["--out", os.path.relpath(home, os.getcwd()) + "/project/.."],
+        "key-folder": ["--out", str(home / ".config" / "capture")],
+        "inside-key-folder": ["--out", str(home / ".config" / "capture" / "out")],
+        "holds-key-folder": ["--out", str(home / ".config")],
+        "ssh": ["--cache", str(home / ".ssh")],
+        "ssh-through-a-link": ["--cache", str(home / "link-to-ssh")],
+        "docker-config-and-socket": ["--out", out, "--cache", str(home / ".docker")],
+        "aws-as-code": ["--out", out, "--code", str(home / ".aws")],
+        "a-folder-holding-a-docker-socket": ["--out", out, "--cache", str(rootless)],
+        "tmp-itself": ["--out", "/tmp"],
+        "out-is-the-code-folder": ["--out", project, "--code", project],
+        "out-holds-the-code-folder": ["--out", str(home / "project" / ".."), "--code", project],
+        "out-holds-the-key": ["--out", str(home / "keys"), "--key", str(home / "keys" / "signing")],
+        "docker-socket-as-cache": ["--out", out, "--cache", str(rootless / "docker.sock")],
+    }
+
+
+def test_every_hostile_mount_is_refused(tmp_path, monkeypatch, capsys):
+    corpus = _corpus(tmp_path, monkeypatch)
+    assert len(corpus) >= 20
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/absent.sock")  # refused before Docker is asked
+    accepted = []
+    for name, args in corpus.items():
+        if "--code" not in args:
+            args = [*args, "--no-code"]
+        code = main(["run", "--image", "capture-cpu:0.1.0", *args, "--dry-run", "--", "fingerprint"])
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        if code != 2 or not lines or not lines[0].startswith("error: ") or "no Docker daemon" in lines[0] or "Traceback" in err:
+            accepted.append(f"{name}: exit {code}: {err.strip()[:200]}")
+        elif len(lines) != 2 or not lines[1].startswith("hint: "):
+            accepted.append(f"{name}: not one error line and one hint: {err}")
+    _corpus.sock.close()
+    assert accepted == []
+
+
+def test_a_folder_of_your_own_is_still_mounted(tmp_path, monkeypatch):
+    from capture.image import mounts
+
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    assert mounts.folder("--out", home / "results", must_exist=False) == home / "results"
+    assert mounts.folder("--out", tmp_path / "elsewhere", must_exist=False) == tmp_path / "elsewhere"
+    assert mounts.regular_file("--key", _write(home / ".ssh" / "id_ed25519")) == home / ".ssh" / "id_ed25519"  # one file: chosen
+    mounts.writable_apart(home / "project" / "out", {"--code": home / "project"})  # out inside the code: fine
+
+
+def _write(path: Path) -> Path:
+    path.write_text("k")
+    return path

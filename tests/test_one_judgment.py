@@ -186,7 +186,7 @@ def test_a_file_cannot_forge_a_report_line(tmp_path, test_signer, h200_body, cap
     folder.mkdir()
     (folder / "evil.toml").write_bytes(body + trailer)
     name = folder / "x\x1b[2KOK.toml"
-    name.write_bytes(b"garbage")
+    name.write_bytes(b"schema_version = 1\ngarbage")
     out = io.StringIO()
     code = verify_paths([str(folder)], allowed_signers=str(test_signer.allowed), out=out)
     text = out.getvalue()

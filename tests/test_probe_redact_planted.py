@@ -24,7 +24,9 @@ CASES = [tuple(c) for c in FIXTURE["cases"]]
 URL_CASES = [c for c in CASES if c[1] == "url"]
 TEXT_CASES = [c for c in CASES if c[1] == "text"]
 CONFIG_KEYS = [tuple(c) for c in FIXTURE["config_keys"]]
+ARGV_CASES = [(tuple(a), secret) for a, secret in FIXTURE["argv"]]
 ALL_SECRETS = [c[3] for c in CASES] + [s for _, s in CONFIG_KEYS]
+ARGV_SECRETS = [secret for _, secret in ARGV_CASES]
 ENV_NAMES = ("XLA_FLAGS", "MASTER_ADDR", "MKL_VERBOSE", "NCCL_SOCKET_IFNAME", "TORCH_HOME", "PYTORCH_CUDA_ALLOC_CONF",
              "HF_ENDPOINT", "OMP_PLACES", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "KMP_AFFINITY", "HF_HUB_ENABLE_HF_TRANSFER")
 GIT_ENV = {"GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "T",
@@ -43,8 +45,8 @@ def _leaks(blob: str | bytes) -> list[str]:
 
 def test_the_corpus_covers_every_class() -> None:
     classes = {c[0] for c in CASES}
-    assert {"userinfo", "fragment", "query", "path", "bare-userinfo", "unparsable", "free-text"} <= classes
-    assert len(CASES) + len(CONFIG_KEYS) >= 67
+    assert {"userinfo", "fragment", "query", "path", "bare-userinfo", "unparsable", "free-text", "shape"} <= classes
+    assert len(CASES) + len(CONFIG_KEYS) >= 72 and len(ARGV_CASES) >= 16
     for key in ("sig", "key", "pwd", "jwt", "ticket", "pat", "X-Goog-Signature"):
         assert any(f"?{key}=" in c[2] or f"&{key}=" in c[2] for c in URL_CASES), key
 
@@ -76,6 +78,26 @@ def test_the_module_removes_each_case(case: tuple) -> None:
 ])
 def test_what_is_not_a_credential_is_kept(value: str, kept: str) -> None:
     assert redact.redact_text(value) == kept
+
+
+@pytest.mark.parametrize(("args", "secret"), ARGV_CASES, ids=[s for _, s in ARGV_CASES])
+def test_a_recorded_command_line_loses_each_credential(args: tuple, secret: str) -> None:
+    argv = ["tool", "--verbose", *args, "--lr", "0.1", "out.bin"]
+    recorded = redact.redact_argv(argv)
+    assert secret not in " ".join(recorded)
+    assert recorded[:2] == ["tool", "--verbose"] and recorded[-3:] == ["--lr", "0.1", "out.bin"]
+    assert len(recorded) == len(argv)  # nothing dropped or merged: the command keeps its shape
+
+
+@pytest.mark.parametrize("argv", [
+    ["python", "-u", "train.py", "--max-new-tokens", "100", "--tokenizer", "gpt2"],
+    ["torchrun", "--nproc-per-node", "8", "--passes", "3", "--bypass-cache", "x", "--num-tokens", "5"],
+    ["curl", "-o", "out", "https://host/x?ref=main", "--user-agent", "me"],
+    ["tool", "--auth", "--verbose"],  # a switch named auth takes no value
+    ["tool", '{"lr": 0.1, "steps": [1, 2]}', "lr=0.1", "model=meta-llama/Llama-3.2-1B"],
+])
+def test_a_command_line_without_credentials_is_recorded_as_given(argv: list[str]) -> None:
+    assert redact.redact_argv(argv) == argv
 
 
 @pytest.mark.parametrize(("key", "secret"), CONFIG_KEYS)
@@ -196,6 +218,22 @@ def _planted_env(tmp_path: Path, site: Path) -> dict[str, str]:
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CAPTURE, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_a_real_exec_records_no_planted_credential(tmp_path: Path, site: Path) -> None:
+    """`capture exec` runs a real command whose arguments hold every planted argv case: the signed
+    manifest, stdout and stderr hold none of them."""
+    env = _planted_env(tmp_path, site)
+    args = [a for argv, _ in ARGV_CASES for a in argv]
+    out = tmp_path / "exec.toml"
+    done = _run(["exec", "-o", str(out), "--no-report", "--", sys.executable, "-c", "import sys", *args], env, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = out.read_bytes().decode()
+    assert [s for s in ARGV_SECRETS if s in body + done.stdout + done.stderr] == []
+    assert _leaks(body) == []
+    data = tomllib.loads(manifest.split_signed(out.read_bytes())[0].decode())
+    assert data["exec"]["command"][:3] == [sys.executable, "-c", "import sys"]
+    assert len(data["exec"]["command"]) == 3 + len(args)
 
 
 def test_fingerprint_and_in_toto_export(tmp_path: Path, repo: Path, site: Path) -> None:

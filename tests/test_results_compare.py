@@ -179,7 +179,7 @@ def test_compare_shows_preflight_figures_side_by_side():
 
     folder = Path(__file__).resolve().parent.parent / "manifests"
     quick, full = (folder / "nvidia-h200-x1" / "2026-12-02" / f"{cid}.toml" for cid in ("ebe1678e8e9f", "e09239ef73d8"))
-    c = compare_files(str(quick), str(full), folder / "allowed_signers")
+    c = compare_files(str(quick), str(full), folder / ".capture" / "allowed_signers")
     gemm = next(r for r in c.preflight if r["name"] == "gemm_bf16")
     assert gemm["device"] == 0 and gemm["unit"] == "TFLOP/s" and gemm["verdict_a"] == gemm["verdict_b"] == "pass"
     assert gemm["ratio"] == pytest.approx(gemm["b"] / gemm["a"])

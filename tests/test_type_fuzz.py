@@ -140,3 +140,47 @@ def test_type_fuzz_has_no_uncaught_exception(tmp_path: Path, test_signer, h200_b
     assert failures == [], "\n".join(failures)
     # The fuzz reached both sides of the door in every command.
     assert all(3 in codes and codes - {3} for codes in seen_codes.values()), seen_codes
+
+
+DECIDE_MUTATIONS = int(os.environ.get("CAPTURE_FUZZ_DECIDE_MUTATIONS", "300"))
+DECIDE_SECTIONS = ("trial", "scaling", "accelerator", "nvidia", "created_utc", "kind", "models")
+
+
+def test_decide_type_fuzz_has_no_uncaught_exception(tmp_path: Path, test_signer, h200_body: bytes, home):
+    """Issue 25: `decide` (terminal, --json and the site) raised on one wrong-typed field in any file,
+    signed or not (``trial.fit.cards = 7``). Each mutation of a field decide reads is written twice,
+    signed by a trusted key and unsigned, beside the original, and decided in all three forms."""
+    parser = _parser()
+    base_data = tomllib.loads(h200_body.decode())
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "base.toml").write_bytes(test_signer.sign(h200_body))
+    allowed = ["--allowed-signers", str(test_signer.allowed)]
+    rng = random.Random(SEED + 25)
+    paths = [p for p in _paths(base_data) if p[0] in DECIDE_SECTIONS]
+    assert ("trial", "fit", "cards") in paths
+    forced = [(("trial", "fit", "cards"), 7), (("trial", "fit"), "x"), (("trial", "run"), [1])]
+    failures: list[str] = []
+    for i in range(DECIDE_MUTATIONS):
+        path, value = forced[i] if i < len(forced) else (rng.choice(paths), rng.choice(REPLACEMENTS))
+        what = f"mutation {i}: {'.'.join(map(str, path))} = {value!r}"
+        try:
+            body = tomli_w.dumps(_replace(base_data, path, value)).encode()
+        except (TypeError, ValueError):
+            continue
+        (folder / "signed.toml").write_bytes(test_signer.sign(body))
+        (folder / "unsigned.toml").write_bytes(body)
+        forms = {"text": [], "json": ["--json"]}
+        if i % 2 == 0:
+            forms["site"] = ["-o", str(tmp_path / "site")]
+        for name, extra in forms.items():
+            try:
+                code = _run(parser, ["decide", str(folder), *allowed, *extra])
+            except Exception as exc:  # noqa: BLE001 - the point: nothing may escape
+                failures.append(f"{what}: decide {name} raised {type(exc).__name__}: {exc}")
+                continue
+            if code != 0:
+                failures.append(f"{what}: decide {name} exit {code}")
+        if len(failures) > 20:
+            break
+    assert failures == [], "\n".join(failures)

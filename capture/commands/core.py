@@ -45,7 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="signature → trust → parse → live fingerprint → compare")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="a manifest; several files, a folder or a glob verify a whole tree")
-    p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file (git's gpg.ssh.allowedSignersFile format)")
+    trust = p.add_mutually_exclusive_group()
+    trust.add_argument("--allowed-signers", metavar="F",
+                       help="allowed-signers file (git's gpg.ssh.allowedSignersFile format); default: "
+                            "$CAPTURE_ALLOWED_SIGNERS, else a results repository's root .capture/allowed_signers, "
+                            "else ~/.config/capture/allowed_signers (docs/trust.md)")
+    trust.add_argument("--trust-from", metavar="REV",
+                       help="read the results repository's .capture/allowed_signers as it is at git revision REV "
+                            "(the base branch of a pull request), so a change cannot trust itself")
+    p.add_argument("--staged", action="store_true",
+                   help="verify what git's index holds under the paths (what a commit would hold), not the work tree")
     p.add_argument("--policy", metavar="F", help="policy file that loosens or tightens fields (see README)")
     p.add_argument("--strict", action="store_true", help="also compare board UUIDs, serials and PCI bus ids")
     p.add_argument("--code", metavar="DIR", help="code folder to compare (default: the recorded path if present, else .)")
@@ -80,6 +89,9 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     )
     if options.code is not None and not options.code.is_dir():
         raise UsageError(f"--code {args.code}: not a folder", "name the folder that holds your training code")
+    if args.output:
+        from capture._atomic import check_target
+        check_target(args.output)  # a FIFO, device, link or folder is refused before probing
     if args.key:  # fail on a bad key before spending time probing
         from capture import signing
         signing.load_private_key(args.key)
@@ -110,9 +122,15 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 def cmd_keygen(args: argparse.Namespace) -> int:
     from capture import signing
 
+    from capture._atomic import check_target
+
     path = Path(args.output) if args.output else signing.default_key_path()
+    if args.output and path.parent.is_dir():  # a missing folder is generate_key's own error
+        for target in (path, Path(f"{path}.pub")):
+            check_target(target)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    pub = signing.generate_key(path, comment=args.comment, overwrite=args.force)
+    # the comment is the principal every command signs with for this key (sign, trial, exec, init, pin)
+    pub = signing.generate_key(path, comment=args.comment or signing.keys._user_at_host(), overwrite=args.force)
     key_only = " ".join(pub.split()[:2])
     principal = signing.default_principal(path)
     sys.stdout.write(f"{pub}\n")
@@ -147,13 +165,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     policy = Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict)
     if args.code is not None and not Path(args.code).is_dir():
         raise UsageError(f"--code {args.code}: not a folder", "name the folder that holds your training code")
-    if _is_tree(args.files):
+    if args.staged or _is_tree(args.files):
         from capture.verify.tree import verify_paths
 
         return verify_paths(args.files, allowed_signers=args.allowed_signers, policy=policy,
                             stack=not args.signature_only, json_out=args.json, code_dir=args.code,
-                            verify_artifacts=args.verify_artifacts)
-    report = verify_file(args.files[0], allowed_signers=args.allowed_signers, policy=policy,
+                            verify_artifacts=args.verify_artifacts, trust_from=args.trust_from, staged=args.staged)
+    trust = args.allowed_signers
+    if args.trust_from is not None:
+        from capture.verify.trust_root import from_revision
+
+        trust = from_revision(args.files, args.trust_from).allowed
+    report = verify_file(args.files[0], allowed_signers=trust, policy=policy,
                          code_dir=args.code, stack=not args.signature_only,
                          verify_artifacts=args.verify_artifacts)
     if args.json:

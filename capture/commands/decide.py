@@ -32,11 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="SITE_DIR", help="also write the static site into this folder")
     p.set_defaults(func=cmd_decide)
 
-    p = sub.add_parser("init", help="start a results repository: git, allowed_signers, README, optional CI")
+    p = sub.add_parser("init", help="start a results repository: git, .capture/allowed_signers, README, optional CI")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--key", metavar="KEY.pub", help="public key to trust (default: your default key's .pub)")
-    p.add_argument("--principal", metavar="NAME", help="principal for that key (default: the key's comment)")
+    p.add_argument("--principal", metavar="NAME",
+                   help="principal for that key (default: the one capture signs with: the key's comment, else user@host)")
     p.add_argument("--ci", action="store_true", help="also install the GitHub Actions workflow and the pre-commit hook")
+    p.add_argument("--install", metavar="SPEC",
+                   help="how CI installs capture: capture-stack==VERSION or 'capture-stack @ git+URL@COMMIT' "
+                        "(default: as this capture was installed)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing .capture/allowed_signers, workflow, pre-commit hook or core.hooksPath")
     p.set_defaults(func=cmd_init)
 
 
@@ -67,8 +73,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     from capture.decide.init import init_repository
 
-    result = init_repository(args.dir, key=args.key, principal=args.principal, ci=args.ci)
+    if args.install and not args.ci:
+        raise UsageError("--install needs --ci", "add --ci: the install spec is written into the CI workflow")
+    result = init_repository(args.dir, key=args.key, principal=args.principal, ci=args.ci, force=args.force,
+                             install=args.install)
     for path in result.written:
         sys.stdout.write(f"wrote {path}\n")
+    if result.install:
+        sys.stdout.write(f"CI installs {result.install}\n")
     sys.stdout.write(f"commit {result.commit[:12]} in {result.root}\n" if result.commit else "nothing to commit\n")
     return EXIT_OK

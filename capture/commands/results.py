@@ -116,9 +116,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from capture._atomic import atomic_write
+    from capture._atomic import atomic_write, check_target
     from capture.results import intoto
 
+    if args.output:
+        check_target(args.output)
     if args.format == "pubkey-pem":
         if args.file:
             raise UsageError("--format pubkey-pem takes no FILE", "run `capture export --format pubkey-pem --key KEYFILE`")

@@ -156,8 +156,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
     for flag, value in (("--price-per-hour", args.price_per_hour), ("--target-epochs", args.target_epochs)):
         if value is not None and not value > 0:
             raise UsageError(f"{flag}: must be > 0, got {value:g}")
-    if args.output and Path(args.output).is_dir():
-        raise UsageError(f"-o: {args.output} is a folder", "name the manifest file to write")
+    if args.output:
+        from capture._atomic import check_target
+
+        check_target(args.output)  # a folder, FIFO, device or link: refused before the trial runs
+        check_target(Path(args.output).with_suffix(".html"), "-o (its report)")
     if args.hf_cache:
         os.environ["HF_HUB_CACHE"] = str(Path(args.hf_cache).expanduser().resolve())  # the restore worker inherits it
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None

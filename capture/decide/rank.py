@@ -10,6 +10,7 @@ own recorded projection is never mixed in. Untested cards get no speed figures (
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from capture.results.compare import significant
 from capture.results.summary import dig
 from capture.trial.fit import Catalog
 from capture.trial.report.checks import HIGH_CV
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TARGET_TOKENS = costs.DEFAULT_TARGET_TOKENS
 MAX_REASONS = 6
@@ -290,6 +293,17 @@ def untested_cards(configs: list[Config], catalog: Catalog, headroom: float = 0.
     return out
 
 
+def _configs_or_none(run: Run, catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None,
+                     target_epochs: float | None, currency: str | None) -> list[Config]:
+    """:func:`configs_of`, or nothing for a run whose figures have types no trial writes (a signed
+    file can hold anything the schema allows): it is listed, not ranked, and decide goes on."""
+    try:
+        return configs_of(run, catalog, prices, target_tokens, target_epochs, currency)
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError, IndexError) as exc:
+        log.warning("%s: not ranked, a figure has a type no trial writes (%s)", run.path, exc)
+        return []
+
+
 def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
            target_epochs: float | None = None, currency: str | None = None) -> list[Group]:
     """Group by run definition (largest group first), rank each group's configurations against
@@ -301,7 +315,7 @@ def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], targe
     groups = sorted((Group(k, v) for k, v in by_def.items()),
                     key=lambda g: (-sum(r.trusted for r in g.runs), -len(g.runs), g.runs[0].created_utc))
     for g in groups:
-        configs = [c for r in g.runs for c in configs_of(r, catalog, prices, target_tokens, target_epochs, currency)]
+        configs = [c for r in g.runs for c in _configs_or_none(r, catalog, prices, target_tokens, target_epochs, currency)]
         g.configs = _rank(configs)
         g.untested = untested_cards(g.configs, catalog)
     if groups:

@@ -7,7 +7,6 @@ kept and shown as such, but never ranked as trusted (:mod:`capture.decide.rank`)
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import EXIT_MALFORMED, EXIT_USAGE, CaptureError, UsageError
+import capture.verify.walk as walk
 from capture.results.summary import ExecRecord, content_id, dig, exec_record
 from capture.verify.open import OpenedManifest, open_manifest
 
@@ -180,26 +180,17 @@ def run_definition(data: Mapping[str, Any]) -> RunDefinition:
 
 
 def expand(inputs: Iterable[str]) -> list[Path]:
-    """Folders (every ``*.toml`` below, hidden and site folders skipped), globs and files."""
-    out: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-                out += [Path(root) / f for f in sorted(files) if f.endswith(".toml")]
-        elif any(c in item for c in "*?["):
-            out += [Path(x) for x in sorted(glob.glob(item, recursive=True)) if x.endswith(".toml")]
-        elif p.exists():
-            out.append(p)
-        else:
-            raise UsageError(f"{item}: no such file or folder", "name a results folder or manifest files")
-    seen: set[Path] = set()
+    """Folders (every ``*.toml`` below, hidden and site folders skipped), globs and files: the one
+    bounded expansion (:func:`capture.verify.walk.expand`); each file once, even through links."""
+    inputs = list(inputs)
+    out = walk.expand(inputs, skip_dirs=SKIP_DIRS, missing_ok=False, glob_suffix=".toml")
+    seen: set[str] = set()
     unique = []
     for p in out:
-        if p.resolve() not in seen:
-            seen.add(p.resolve())
-            unique.append(p)
+        real = os.path.realpath(p)  # never raises, even for a link loop (the door then refuses it)
+        if real not in seen:
+            seen.add(real)
+            unique.append(Path(p))
     if not unique:
         raise UsageError(f"no manifests (*.toml) in {', '.join(inputs)}", "name a results folder or manifest files")
     return unique

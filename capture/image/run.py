@@ -221,6 +221,8 @@ def plan(client: Any | None, image: str, command: Sequence[str], out_dir: Path, 
         pub = mounts.regular_file("--key (its .pub)", f"{key_file}.pub")
     signers = mounts.regular_file("--allowed-signers", allowed_signers) if allowed_signers is not None else None
     code, git_dirs = code_mounts(code_dir) if code_dir is not None else (None, ())
+    mounts.writable_apart(out, {"--code": code, "--key": key, "--key (its .pub)": pub, "--allowed-signers": signers,
+                                **{f"--code's git folder {i + 1}": g for i, g in enumerate(git_dirs)}})
     image_id, labels = resolve_image(client or docker_client(), image)
     if gpus:
         flavour = labels.get(LABEL_FLAVOUR)

@@ -309,7 +309,8 @@ def _remote(raw: bytes) -> tuple[str | None, str | None]:
     if not urls:
         return None, None
     name = "origin" if "origin" in urls else sorted(urls)[0]
-    return redact_text(name), redact_url(urls[name])
+    # git never uses a URL's #fragment: whatever is there (a token pasted after the URL) is dropped
+    return redact_text(name), redact_url(urls[name].split("#", 1)[0])
 
 
 def _start_reads(root: Path) -> _Git:

@@ -1,25 +1,35 @@
-"""Publish a prepared commit into a results repository so that a kill at any instant leaves the
-repository as it was, or in a state the next pin repairs, and so that concurrent pins wait.
+"""Publish a prepared commit into a results repository so that killing `capture pin` at any
+instant leaves the repository as it was or with the pin complete, and so that concurrent pins wait.
 
 The protocol (every step is a test-hook point, see ``hook``)::
 
     flock .git/capture-pin.lock          pins wait for each other; the file itself stays
     recover()                            repair what a killed pin of ours left (below)
     ... the caller verifies and plans; the commit is built in a temporary index ...
-    journal  .git/capture-pin.journal    old HEAD, new commit, every path and blob, temp names
-    files    tmp + rename each           (the journal names each temporary file beforehand)
-    next-index                           a copy of .git/index plus the new entries
-    link next-index -> .git/index.lock   git's own lock, taken atomically with our content
-    update-ref HEAD NEW OLD              compare-and-swap: fails if HEAD moved
-    rename index.lock -> index
-    tags, then the journal is removed
+    phase A, invisible (all inside .git):
+      files    .git/capture-pin-PID.files/N, fsynced   (mid-file)
+      next-index  a copy of .git/index plus the new entries      (after-next-index)
+      journal  .git/capture-pin.journal: old HEAD, new commit, every path and blob, staged names
+                                                                  (after-journal)
+    phase B, in a detached child (own session, holding the flock; it finishes even if `capture pin`
+    is killed, and the pin waits for it and reports what it did):
+      rename each staged file into the work tree                 (after-files)
+      link next-index -> .git/index.lock (git's own lock, taken atomically with our content)
+                                                                  (after-index-lock)
+      update-ref HEAD NEW OLD           compare-and-swap: fails if HEAD moved  (after-update-ref)
+      rename index.lock -> index                                  (after-index)
+      tags, then the journal and the staged files are removed    (after-tags)
 
-``recover`` runs under the flock, so no other pin is running; it removes only what the journal
-proves is ours: an ``index.lock`` that is the same inode as our next-index file, temporary files
-whose names the journal lists (and whose bytes are a prefix of what the journal says we wrote),
-work-tree files whose bytes equal the blobs the journal names. If the new commit is HEAD, the pin
-is finished (the index installed, tags made); otherwise it is undone (files restored from HEAD or
-removed, folders we made removed when empty).
+Killing `capture pin` (the process a user, a scheduler or a terminal signals) before phase B starts
+changes nothing anyone can see (what it left in .git is removed by the next pin); from then on the
+pin completes. Killing both processes (a whole cgroup) inside phase B leaves a state the next pin
+repairs first: ``recover`` runs under the flock, so no other pin is running; it removes only what
+the journal proves is ours: an ``index.lock`` that is the same inode as our next-index file, staged
+and temporary files whose names the journal lists, work-tree files whose bytes equal the blobs the
+journal names. If the new commit is HEAD, the pin is finished (the index installed, tags made);
+otherwise it is undone (files restored from HEAD or removed, folders we made removed when empty).
+When .git lies on another file system than the work tree (a linked work tree elsewhere), files are
+written beside their destination in phase B instead.
 """
 
 from __future__ import annotations
@@ -39,22 +49,38 @@ from pathlib import Path, PurePosixPath
 from capture.errors import CaptureError, UsageError
 
 HOOK_ENV = "_CAPTURE_TEST_PIN_HOOK"
-"""Test-only: ``kill:STEP`` makes the process SIGKILL itself at STEP, ``fail:STEP`` raises OSError."""
-STEPS = ("locked", "before-commit", "after-journal", "mid-file", "after-files", "after-next-index",
+"""Test-only: ``kill:STEP`` SIGKILLs the pin at STEP (in phase B both processes, as a cgroup kill
+would), ``killparent:STEP`` only the `capture pin` process (phase B goes on), ``fail:STEP`` raises
+OSError."""
+STEPS = ("locked", "before-commit", "mid-file", "after-next-index", "after-journal", "after-files",
          "after-index-lock", "after-update-ref", "after-index", "after-tags")
+PHASE_B = STEPS[STEPS.index("after-files"):]
+"""Steps run by the detached child."""
+_IN_CHILD = False
 LOCK_NAME = "capture-pin.lock"
 JOURNAL_NAME = "capture-pin.journal"
 LOCK_WAIT_S = 600.0
 
 
+DELAY_ENV = "_CAPTURE_TEST_PIN_STEP_DELAY_S"
+"""Test-only: sleep this long at every step, so that a kill at a random moment lands between steps."""
+
+
 def hook(step: str) -> None:
+    delay = os.environ.get(DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
     want = os.environ.get(HOOK_ENV)
     if not want:
         return
     action, _, at = want.partition(":")
     if at != step:
         return
-    if action == "kill":
+    if action in ("kill", "killparent") and _IN_CHILD:
+        os.kill(os.getppid(), signal.SIGKILL)
+        if action == "killparent":
+            return
+    if action in ("kill", "killparent"):
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail":
         raise OSError(f"test hook: failing at {step}")
@@ -141,6 +167,13 @@ class Journal:
     next_index: str
     tags: list[str]
     message: str
+    staging: str = ""
+    """Folder in .git holding the files to publish (``N`` per path, see :attr:`staged`); "" when
+    .git is on another file system and files are written beside their destination."""
+    staged: dict[str, str] | None = None
+    """repository path -> its staged file's name in :attr:`staging`."""
+    index_sha: str = ""
+    """sha256 of .git/index as next-index was built from it ("" when there was none)."""
 
     def dump(self) -> bytes:
         return json.dumps(self.__dict__, indent=1, sort_keys=True).encode()
@@ -149,7 +182,8 @@ class Journal:
     def load(cls, data: bytes) -> Journal:
         d = json.loads(data)
         return cls(int(d["pid"]), d["old"], d["new"], dict(d["files"]), dict(d["tmp"]), list(d["dirs"]),
-                   d["next_index"], list(d["tags"]), d["message"])
+                   d["next_index"], list(d["tags"]), d["message"], str(d.get("staging", "")),
+                   dict(d.get("staged") or {}), str(d.get("index_sha", "")))
 
 
 def _git(repo, *args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
@@ -230,14 +264,22 @@ def recover(repo, top: Path, git_dir: Path) -> str | None:
         if journal is not None:
             done = _repair(repo, top, git_dir, journal)
         journal_path.unlink(missing_ok=True)
-    # temporary files of dead pins in .git (invisible to git, but litter)
-    for p in list(git_dir.glob("capture-pin-*.*index")) + list(git_dir.glob(f"{JOURNAL_NAME}.*.tmp")):
+    # temporary files of dead pins in .git (invisible to git, but litter); we hold the lock, so
+    # no pin that could own them is running
+    leftovers = [*git_dir.glob("capture-pin-*.*index"), *git_dir.glob(f"{JOURNAL_NAME}.*.tmp"),
+                 *git_dir.glob("capture-pin-*.files")]
+    for p in leftovers:
         try:
             pid = int(p.name.split("-")[2].split(".")[0]) if p.name.startswith("capture-pin-") else int(p.name.split(".")[2])
         except (ValueError, IndexError):
             continue
         if not _pid_alive(pid):
-            p.unlink(missing_ok=True)
+            if p.is_dir() and not p.is_symlink():
+                import shutil
+
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
     return done
 
 
@@ -275,6 +317,7 @@ def _repair(repo, top: Path, git_dir: Path, journal: Journal) -> str:
             if not _git(repo, "tag", "--list", t, check=False).strip():
                 _git(repo, "tag", "-a", t, "-m", journal.message, journal.new, check=False)
         (git_dir / journal.next_index).unlink(missing_ok=True)
+        _remove_staging(git_dir, journal)
         return "finished"
     if _ours_lock(git_dir, journal):
         lock.unlink()
@@ -297,7 +340,15 @@ def _repair(repo, top: Path, git_dir: Path, journal: Journal) -> str:
             (top / d).rmdir()
         except OSError:
             pass
+    _remove_staging(git_dir, journal)
     return "undone"
+
+
+def _remove_staging(git_dir: Path, journal: Journal) -> None:
+    if journal.staging and "/" not in journal.staging and journal.staging.startswith("capture-pin-"):
+        import shutil
+
+        shutil.rmtree(git_dir / journal.staging, ignore_errors=True)
 
 
 def _is_ancestor(repo, a: str, b: str) -> bool:
@@ -342,6 +393,32 @@ def _write_file(dest: Path, data: bytes, tmp_name: str, first: bool) -> None:
     _fsync_dir(dest.parent)
 
 
+def _same_device(a: Path, b: Path) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return ""
+
+
+def _build_next_index(repo, git_dir: Path, journal: Journal) -> str:
+    """next-index: .git/index as it is now plus our entries; returns the digest of what it copied."""
+    index, next_index = git_dir / "index", git_dir / journal.next_index
+    seen = index.read_bytes() if index.exists() else None
+    next_index.unlink(missing_ok=True)
+    if seen is not None:
+        next_index.write_bytes(seen)
+    entries = [x for rel, sha in journal.files.items() for x in ("--cacheinfo", f"100644,{sha},{rel}")]
+    _git(repo, "update-index", "--add", *entries, env={"GIT_INDEX_FILE": str(next_index)})
+    return hashlib.sha256(seen).hexdigest() if seen is not None else ""
+
+
 def publish(repo, top: Path, files: dict[str, bytes], old: str, commit: str, message: str,
             tags: tuple[str, ...]) -> None:
     """Make ``commit`` (a child of ``old`` whose tree adds ``files``) HEAD, with work tree and index."""
@@ -356,10 +433,34 @@ def publish(repo, top: Path, files: dict[str, bytes], old: str, commit: str, mes
         for parent in reversed(PurePosixPath(rel).parents):
             if str(parent) != "." and not (top / parent).exists() and str(parent) not in dirs:
                 dirs.append(str(parent))
+    staging = git_dir / f"capture-pin-{pid}.files"
+    in_git = _same_device(git_dir, top)
     journal = Journal(pid, old, commit, shas, {rel: f".{PurePosixPath(rel).name}.capture-pin-{pid}.tmp" for rel in files},
-                      dirs, f"capture-pin-{pid}.next-index", list(tags), message)
-    _write_journal(git_dir, journal)
+                      dirs, f"capture-pin-{pid}.next-index", list(tags), message,
+                      staging.name if in_git else "", {rel: str(k) for k, rel in enumerate(files)} if in_git else {})
+    # Phase A: everything inside .git, invisible to git and to anyone looking at the work tree.
+    try:
+        if in_git:
+            staging.mkdir()
+            for k, (rel, data) in enumerate(files.items()):
+                assert journal.staged is not None
+                _write_file(staging / journal.staged[rel], data, f"{journal.staged[rel]}.part", first=k == 0)
+        journal = Journal(**{**journal.__dict__, "index_sha": _build_next_index(repo, git_dir, journal)})
+        hook("after-next-index")
+        _write_journal(git_dir, journal)
+    except BaseException as exc:
+        _remove_staging(git_dir, journal)
+        (git_dir / journal.next_index).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise UsageError(f"{top}: pin failed while preparing ({exc}); the repository was left as it was",
+                             "check free space and permissions in the results repository, then pin again") from None
+        raise
     hook("after-journal")
+    # Phase B: a detached child makes it visible; it finishes even if this process is killed.
+    _detached(lambda: _finish(repo, top, git_dir, files, journal))
+
+
+def _finish(repo, top: Path, git_dir: Path, files: dict[str, bytes], journal: Journal) -> None:
     try:
         _publish_steps(repo, top, git_dir, files, journal)
     except BaseException as exc:
@@ -370,13 +471,69 @@ def publish(repo, top: Path, files: dict[str, bytes], old: str, commit: str, mes
         raise
     try:
         hook("after-index")
-        for t in tags:
-            _git(repo, "tag", "-a", t, "-m", message, commit)
+        for t in journal.tags:
+            _git(repo, "tag", "-a", t, "-m", journal.message, journal.new)
         hook("after-tags")
     except (OSError, CaptureError) as exc:
-        raise UsageError(f"{top}: committed {commit[:12]} but could not finish the pin ({exc})",
+        raise UsageError(f"{top}: committed {journal.new[:12]} but could not finish the pin ({exc})",
                          "pin again: the next pin finishes it (tags) before doing anything else") from None
     (git_dir / JOURNAL_NAME).unlink(missing_ok=True)
+    _remove_staging(git_dir, journal)
+
+
+def _detached(work) -> None:
+    """Run ``work`` in a forked child in its own session (so a signal to `capture pin`'s process
+    group, or a kill of this process, does not stop it), wait for it, and re-raise its error here."""
+    global _IN_CHILD
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child; its effects are what the tests check
+        os.close(r)
+        _IN_CHILD = True
+        status = 0
+        try:
+            os.setsid()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            work()
+            message = {"ok": True}
+        except CaptureError as exc:
+            message = {"error": exc.message, "hint": exc.hint}
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            message = {"error": f"pin failed while publishing: {type(exc).__name__}: {exc}", "hint": None}
+        try:
+            os.write(w, json.dumps(message).encode())
+        except OSError:
+            status = 1  # the parent is gone: nobody to tell
+        os._exit(status)
+    os.close(w)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(r, 65536)
+        except KeyboardInterrupt:  # the child finishes either way: wait for it and say what it did
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    while True:
+        try:
+            os.waitpid(child, 0)
+            break
+        except KeyboardInterrupt:
+            continue
+        except ChildProcessError:
+            break
+    try:
+        message = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        message = {}
+    if message.get("ok"):
+        return
+    raise UsageError(message.get("error") or "pin was interrupted while publishing; the next pin finishes or undoes it",
+                     message.get("hint") or "run `capture pin` again")
 
 
 def _publish_steps(repo, top: Path, git_dir: Path, files: dict[str, bytes], journal: Journal) -> None:
@@ -384,27 +541,29 @@ def _publish_steps(repo, top: Path, git_dir: Path, files: dict[str, bytes], jour
         check_write_path(top, d)
         (top / d).mkdir(exist_ok=True)
     for k, (rel, data) in enumerate(files.items()):
-        _write_file(check_write_path(top, rel), data, journal.tmp[rel], first=k == 0)
+        dest = check_write_path(top, rel)
+        if journal.staging and journal.staged:
+            os.replace(git_dir / journal.staging / journal.staged[rel], dest)
+        else:
+            _write_file(dest, data, journal.tmp[rel], first=False)
+    for folder in {(top / rel).parent for rel in files}:
+        _fsync_dir(folder)
     hook("after-files")
     next_index = git_dir / journal.next_index
     lock = git_dir / "index.lock"
-    entries = [x for rel, sha in journal.files.items() for x in ("--cacheinfo", f"100644,{sha},{rel}")]
+    index = git_dir / "index"
+    seen = journal.index_sha
     for _attempt in range(5):
-        index = git_dir / "index"
-        seen = index.read_bytes() if index.exists() else None
-        next_index.unlink(missing_ok=True)
-        if seen is not None:
-            next_index.write_bytes(seen)
-        _git(repo, "update-index", "--add", *entries, env={"GIT_INDEX_FILE": str(next_index)})
-        hook("after-next-index")
+        if _digest(index) != seen:  # someone staged something meanwhile: rebuild from the index as it is
+            seen = _build_next_index(repo, git_dir, journal)
         try:
             os.link(next_index, lock)  # git's index lock, taken atomically, holding our content
         except FileExistsError:
             raise UsageError(f"{lock} exists: another git process is working in {top}",
                              "wait for it to finish and pin again (remove the lock only if no git process is running)") from None
-        if (index.read_bytes() if index.exists() else None) == seen:
+        if _digest(index) == seen:
             break
-        lock.unlink()  # someone staged something meanwhile: rebuild from the new index
+        lock.unlink()
     else:
         raise UsageError(f"{top}: the git index keeps changing; pin could not take it", "pin again when git is idle")
     hook("after-index-lock")

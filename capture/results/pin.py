@@ -2,8 +2,8 @@
 
 Layout of a results repository (a git work tree, or a folder inside one)::
 
-    .capture/allowed_signers          who may pin here (the ONLY trust source pin uses;
-                                      ``allowed_signers`` at the root is accepted instead)
+    .capture/allowed_signers          who may pin here (the ONLY trust source pin uses,
+                                      committed; chosen by the door, capture/verify/trust_root.py)
     .capture/results.toml             optional: layout = 1
     index.json, index.md              one row per pinned run
     <accelerator-slug>/<YYYY-MM-DD>/<content id>.toml
@@ -14,10 +14,11 @@ written over one that is already there.
 
 Atomicity (``capture/results/_publish.py``). Pins into one repository take turns (an flock on
 ``.git/capture-pin.lock``; a second pin waits). Nothing a user can see changes until every manifest
-is verified and the new commit exists in a temporary index. Publishing is journaled
-(``.git/capture-pin.journal``): files are written, git's ``index.lock`` is taken holding the new
-index, HEAD moves with a compare-and-swap (``update-ref HEAD NEW OLD``), the index is renamed into
-place. A failure undoes it; a SIGKILL at any step leaves the repository as it was or in a state the
+is verified, the new commit exists and the files, the next index and a journal
+(``.git/capture-pin.journal``) are prepared inside ``.git``. A detached child holding the lock then
+renames the files into place, takes git's ``index.lock`` holding the new index, moves HEAD with a
+compare-and-swap (``update-ref HEAD NEW OLD``) and installs the index: killing `capture pin` at any
+moment leaves the repository as it was or with the pin complete. If the child is killed too, the
 next pin repairs first, finishing the pin if HEAD moved and undoing it if not, touching only what
 the journal proves a pin of ours wrote.
 
@@ -42,15 +43,15 @@ from capture.errors import ManifestError, TrustError, UsageError
 from capture.results import _publish
 from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
-from capture.verify.open import load_allowed, open_manifest
+from capture.verify.open import load_allowed, open_manifest, trust_root
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.fmt import number_str
 from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
 
 log = logging.getLogger(__name__)
 
-TRUST_FILES = (PurePosixPath(".capture/allowed_signers"), PurePosixPath("allowed_signers"))
-"""Where a results repository keeps its trusted signers (exactly one of them may exist)."""
+TRUST_FILE = trust_root.TRUST_FILE
+"""Where a results repository keeps its trusted signers, relative to its root."""
 CONFIG = PurePosixPath(".capture/results.toml")
 LAYOUT_VERSION = 1
 _TEST_HOOK = _publish.HOOK_ENV
@@ -145,23 +146,22 @@ def _check_layout(root: Path) -> None:
 
 
 def _trust_file(repo, root: Path, rel_root: str) -> Path:
-    """The repository's own allowed-signers file, never the user's personal one."""
-    present = [c for c in TRUST_FILES if (root / c).is_file()]
-    if not present:
-        path = root / TRUST_FILES[0]
+    """The repository's own allowed-signers file, committed; never the user's personal one."""
+    path = root / TRUST_FILE
+    legacy = root / "allowed_signers"
+    if not path.is_file() and legacy.is_file():
+        raise TrustError(f"{legacy}: a results repository's signers are in {TRUST_FILE}, at its root, and only there",
+                         f"move it: `git -C {root} mv allowed_signers {TRUST_FILE} && git -C {root} commit -m 'trust file'`")
+    found = trust_root.repository_trust_file(root)  # a link out of the repository is refused (exit 4)
+    if found is None:
+        why = "owned by another user" if path.is_file() else "no allowed-signers file"
         raise TrustError(
-            f"{path}: no allowed-signers file, so no signer is trusted in this results repository",
+            f"{path}: {why}, so no signer is trusted in this results repository",
             f"add `PRINCIPAL ssh-ed25519 AAAA...` lines (the public key from `capture keygen`) to {path} and commit it")
-    if len(present) > 1:
-        raise UsageError(f"{root}: both {TRUST_FILES[0]} and {TRUST_FILES[1]} exist; which signers are trusted is ambiguous",
-                         "keep one allowed-signers file in the results repository and commit the removal of the other")
-    path = root / present[0]
-    from capture.signing.trust import refuse_escaping_link
-    refuse_escaping_link(path, root)
-    rel = (PurePosixPath(rel_root) / present[0]).as_posix() if rel_root else present[0].as_posix()
+    rel = (PurePosixPath(rel_root) / TRUST_FILE).as_posix() if rel_root else TRUST_FILE.as_posix()
     if _head(repo) is None or not _git(repo, "ls-files", "--", rel).strip():
         raise TrustError(f"{path}: the allowed-signers file is not committed",
-                         f"commit it first: `git -C {root} add {present[0]} && git -C {root} commit -m 'trust signers'`")
+                         f"commit it first: `git -C {root} add {TRUST_FILE} && git -C {root} commit -m 'trust signers'`")
     return path
 
 
@@ -214,12 +214,17 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     root = Path(repo_dir).resolve()
     rel_root = root.relative_to(top).as_posix() if root != top else ""
     git_dir = Path(repo.git_dir)
-    with _publish.PinLock(git_dir, top):
-        done = _publish.recover(repo, top, git_dir)
-        if done:
-            print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
-        _hook("locked")
-        return _pin_locked(repo, top, root, rel_root, files, message, tag)
+    try:
+        with _publish.PinLock(git_dir, top):
+            done = _publish.recover(repo, top, git_dir)
+            if done:
+                print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
+            _hook("locked")
+            return _pin_locked(repo, top, root, rel_root, files, message, tag)
+    except OSError as exc:  # .git not writable, a full disk: nothing of this pin is visible yet
+        where = exc.filename or git_dir
+        raise UsageError(f"{top}: pin cannot write {where} ({exc.strerror or exc}); the repository was left as it was",
+                         "pin as a user who can write the repository's .git folder, or free space there") from None
 
 
 def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str], message: str | None,

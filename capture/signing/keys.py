@@ -194,6 +194,6 @@ def ensure_default_key() -> Path:
     if old and not old.endswith(b"\n"):
         old += b"\n"
     entry = _allowed_signers_line(principal, " ".join(line.split()[:2]))
-    atomic_write(allowed, old + (entry + "\n").encode("utf-8"), mode=0o644)
+    atomic_write(allowed, old + (entry + "\n").encode("utf-8"), mode=0o644, follow_link=True)  # a dotfiles link stays
     sys.stderr.write(f"capture: created signing key {path} for {principal}; its public half is trusted in {allowed}\n")
     return path

@@ -186,7 +186,8 @@ def check_trust(info: SignatureInfo, allowed: AllowedSigners | None, source: str
     principal = info.principal
     if allowed is None:
         raise TrustError(f"{source}: signature valid ({principal}, {info.fingerprint}) but no allowed-signers file was found",
-                         "pass --allowed-signers FILE or set $CAPTURE_ALLOWED_SIGNERS")
+                         "pass --allowed-signers FILE, set $CAPTURE_ALLOWED_SIGNERS, or list it in "
+                         "~/.config/capture/allowed_signers (in a results repository: its root's .capture/allowed_signers)")
     if not allowed.is_trusted(principal, info.public_key, NAMESPACE):
         raise TrustError(f"{source}: signer {principal} ({info.fingerprint}) is not trusted: "
                          f"{allowed.explain(principal, info.public_key, NAMESPACE)}",

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, read_regular
-from capture.errors import TrustError, UsageError
-from capture.paths import personal_allowed_signers
+from capture.errors import UsageError
 from capture.signing.openssh import (  # noqa: F401 - match_pattern, parse_absolute_time: public API
     _ED25519, _ParsedLine, _bytes, _key_of, _match_pattern_list, _parse_line, match_pattern,
     match_pattern_list, parse_absolute_time,
@@ -180,43 +179,9 @@ class AllowedSigners:
         return f"key {fingerprint(public_key_line)} is not listed in {where}{skipped}"
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve(strict=False).relative_to(folder.resolve(strict=False))
-    except ValueError:
-        return False
-    return True
-
-
-def refuse_escaping_link(candidate: Path, folder: Path) -> None:
-    """A discovered allowed-signers file (or its ``.capture`` folder) that is a symlink must stay
-    inside the folder it was found in: a results repository's trust never comes from outside it."""
-    links = [p for p in (candidate.parent, candidate) if p != folder and p.is_symlink()]
-    if links and not _inside(candidate, folder):
-        raise TrustError(f"{links[0]}: is a symlink to {os.path.realpath(candidate)}, outside {folder}; "
-                         "refusing to trust signers from outside the folder",
-                         f"replace the link with a regular file holding the allowed signers, committed in {folder}")
-
-
 def find_allowed_signers(manifest_path: str | os.PathLike[str], explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """--allowed-signers > $CAPTURE_ALLOWED_SIGNERS > ``allowed_signers`` or ``.capture/allowed_signers``
-    in the manifest's folder or a parent > ``~/.config/capture/allowed_signers``; None if none exists.
+    """The allowed-signers file that decides trust for ``manifest_path`` (None: nobody is trusted):
+    :func:`capture.verify.trust_root.choose`, the verifier's choice, never a file beside the data."""
+    from capture.verify.trust_root import choose
 
-    A discovered file that is a symlink (or sits in a ``.capture`` symlink) pointing outside the
-    folder it was found in is refused (:class:`TrustError`, exit 4); an explicit path is the
-    caller's choice and is used as given.
-    """
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("CAPTURE_ALLOWED_SIGNERS", "")
-    if env:
-        return Path(env).expanduser()
-    folder = Path(os.path.abspath(manifest_path)).parent
-    for candidate_dir in (folder, *folder.parents):
-        for name in ("allowed_signers", ".capture/allowed_signers"):
-            candidate = candidate_dir / name
-            if candidate.is_file():
-                refuse_escaping_link(candidate, candidate_dir)
-                return candidate
-    home = personal_allowed_signers()
-    return home if home.is_file() else None
+    return choose(manifest_path, explicit).path

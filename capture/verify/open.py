@@ -30,18 +30,20 @@ from typing import Any
 
 from capture import manifest as mf
 from capture._escape import printable
-from capture.errors import ManifestError, SignatureError, TrustError, UnsignedError
+from capture.errors import ManifestError, NotAManifest, SignatureError, TrustError, UnsignedError
 from capture.signing.trailer import SignatureInfo, check_signature_bytes, check_trust
-from capture.signing.trust import AllowedSigners, find_allowed_signers
+from capture.signing.trust import AllowedSigners
+import capture.verify.trust_root as trust_root
 
 log = logging.getLogger(__name__)
 
 STATES = ("ok", "unsigned", "invalid", "untrusted")
 """Signature states, in the report vocabulary (ok, drift, malformed, unsigned, invalid, untrusted, error)."""
 
-Trust = AllowedSigners | str | os.PathLike[str] | None
-"""An allowed-signers file already loaded, its path, or None for the usual search
-(:func:`capture.signing.trust.find_allowed_signers`)."""
+Trust = AllowedSigners | trust_root.TrustRoot | str | os.PathLike[str] | None
+"""An allowed-signers file already loaded, a trust root already chosen, its path (``--allowed-signers``), or None for the
+verifier's default (:func:`capture.verify.trust_root.choose`: ``$CAPTURE_ALLOWED_SIGNERS``, a
+results repository's root ``.capture/allowed_signers``, the personal file)."""
 
 
 @dataclass(frozen=True)
@@ -131,10 +133,16 @@ def load_allowed(path: str | os.PathLike[str]) -> AllowedSigners:
 
 
 def resolve_trust(trust: Trust, manifest_path: str | os.PathLike[str]) -> AllowedSigners | None:
-    """The allowed signers that decide trust for ``manifest_path``; None when none exists."""
-    if isinstance(trust, AllowedSigners):
+    """The allowed signers that decide trust for ``manifest_path``; None when no file is chosen.
+
+    Every command takes its trust root from here (verify, show, compare, decide, pin, export):
+    the verifier's choice (:mod:`capture.verify.trust_root`); files found beside the manifest are
+    reported as ignored."""
+    if isinstance(trust, AllowedSigners):  # chosen by the caller (pin, --trust-from)
         return trust
-    found = find_allowed_signers(manifest_path, trust)
+    if isinstance(trust, trust_root.TrustRoot):  # chosen once per folder by a tree run
+        return load_allowed(trust.path) if trust.path is not None else None
+    found = trust_root.choose(manifest_path, trust).path
     return load_allowed(found) if found is not None else None
 
 
@@ -148,7 +156,9 @@ def _short(message: str, source: str) -> str:
 
 def _error(source: str, status: SignatureStatus) -> SignatureError:
     cls = {"untrusted": TrustError, "unsigned": UnsignedError}.get(status.state, SignatureError)
-    return cls(f"{source}: {status.reason}", status.hint)
+    err = cls(f"{source}: {status.reason}", status.hint)
+    err.status = status  # type: ignore[attr-defined]  # who signed, for a report that names the signer
+    return err
 
 
 def _signature(raw: bytes, source: str, trust: Trust) -> SignatureStatus:
@@ -168,16 +178,20 @@ def _signature(raw: bytes, source: str, trust: Trust) -> SignatureStatus:
 
 
 def open_manifest(path: str | os.PathLike[str], trust: Trust = None,
-                  require_trusted: bool = True) -> OpenedManifest:
+                  require_trusted: bool = True, skip_other: bool = False) -> OpenedManifest:
     """Read, split, verify and parse one manifest (see the module docstring for the order).
 
     Raises :class:`ManifestError` (3) for a malformed file; with ``require_trusted`` also
     :class:`SignatureError`/:class:`TrustError` (4) unless the signature is valid and trusted.
-    A bad explicit allowed-signers file is a :class:`UsageError` (2).
+    A bad explicit allowed-signers file is a :class:`UsageError` (2). With ``skip_other`` (a
+    folder walk), a file without a manifest header raises :class:`NotAManifest`.
     """
     source = str(path)
     # (1) read once
     raw = mf.read_bytes(path)
+    if skip_other and not mf.has_header(raw):
+        raise NotAManifest(f"{source}: not a manifest (no schema_version line, no [signature] table); skipped",
+                           "a trial config or other TOML file kept beside manifests is not checked")
     # (2) split once; content after the trailer is a tampered file, but its body still decides 3 vs 4
     try:
         body, trailer = mf.split_signed(raw)
@@ -200,10 +214,10 @@ def open_manifest(path: str | os.PathLike[str], trust: Trust = None,
     return OpenedManifest(source, raw, body, data, status, fields)
 
 
-def try_open(path: str | os.PathLike[str], trust: Trust = None,
-             require_trusted: bool = True) -> OpenedManifest | ManifestError | SignatureError:
+def try_open(path: str | os.PathLike[str], trust: Trust = None, require_trusted: bool = True,
+             skip_other: bool = False) -> OpenedManifest | ManifestError | SignatureError:
     """:func:`open_manifest`, with its refusal returned instead of raised (for tree runs)."""
     try:
-        return open_manifest(path, trust, require_trusted)
+        return open_manifest(path, trust, require_trusted, skip_other)
     except (ManifestError, SignatureError) as exc:
         return exc

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from capture._escape import printable
-from capture.errors import EXIT_DRIFT, EXIT_OK, CaptureError, ManifestError, SignatureError
+from capture.errors import EXIT_DRIFT, EXIT_OK, CaptureError, ManifestError, NotAManifest, SignatureError
 from capture.verify.compare import Difference, compare_manifests
 from capture.verify.open import OpenedManifest, SignatureStatus, Trust, open_manifest
 from capture.verify.policy import Policy
 
-STATUSES = ("OK", "DRIFT", "MALFORMED", "UNSIGNED", "UNTRUSTED", "INVALID", "ERROR")
-"""The report vocabulary (lower case in JSON): ok, drift, malformed, unsigned, untrusted, invalid, error."""
+STATUSES = ("OK", "DRIFT", "MALFORMED", "UNSIGNED", "UNTRUSTED", "INVALID", "ERROR", "SKIPPED")
+"""The report vocabulary (lower case in JSON): ok, drift, malformed, unsigned, untrusted, invalid, error;
+and, in a tree run only, skipped (a ``*.toml`` file that is no manifest, such as a trial config; exit 0)."""
 TRIAL_NOTE = "trial results are signed facts about the recorded run; only the stack is compared"
 
 
@@ -91,14 +92,16 @@ class Verdict:
 
 def refusal(path: str, exc: CaptureError) -> Verdict:
     """The verdict for a manifest the door refused (or an error met on the way)."""
-    if isinstance(exc, ManifestError):
+    if isinstance(exc, NotAManifest):
+        status = "SKIPPED"
+    elif isinstance(exc, ManifestError):
         status = "MALFORMED"
     elif isinstance(exc, SignatureError):
         status = exc.state.upper()
     else:
         status = "ERROR"
     reason = exc.message.removeprefix(f"{path}: ").removeprefix(f"{Path(path)}: ")
-    return Verdict(path, status, exc.exit_code, reason, exc.hint)
+    return Verdict(path, status, EXIT_OK if status == "SKIPPED" else exc.exit_code, reason, exc.hint)
 
 
 def _has_code(data: Mapping[str, Any]) -> bool:

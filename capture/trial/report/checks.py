@@ -147,7 +147,8 @@ def verdict_panel(m: Mapping[str, Any], signature: str | None = None, cost: Any 
     if pre and pre.get("verdict"):
         add("preflight", str(pre["verdict"]))
     fit = _table(m, "trial.fit") or {}
-    tested = next((c for c in (fit.get("cards") or []) if isinstance(c, Mapping) and c.get("tested") is True), None)
+    cards = fit.get("cards") if isinstance(fit.get("cards"), list) else []  # a signed file may hold any type here
+    tested = next((c for c in cards if isinstance(c, Mapping) and c.get("tested") is True), None)
     if isinstance(fit.get("fits"), bool):
         head = tested.get("headroom_fraction") if tested else None
         where = f" on {tested.get('name')}" if tested and tested.get("name") else ""
