@@ -271,7 +271,7 @@ def test_launch_timeout_stops_the_whole_process_group(tmp_path: Path):
 
 
 def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
-    from capture.trial._dist_worker import cpu_ranges, numa_nodes_of, parse_cpulist
+    from capture.trial._dist_facts import cpu_ranges, numa_nodes_of, parse_cpulist
 
     assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert cpu_ranges({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
@@ -288,7 +288,7 @@ def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
 def test_sharded_loader_ranks_together_read_the_baselines_sequences():
     import torch
 
-    from capture.trial._dist_worker import Feed, ShardedLoader
+    from capture.trial._dist_build import Feed, ShardedLoader
     from capture.trial.workload import PackedLoader, PackedTokens
 
     source = PackedTokens(torch.arange(50 * 4).view(50, 4))
