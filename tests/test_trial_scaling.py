@@ -229,12 +229,13 @@ def test_child_environment_turns_multicast_off_on_cuda_and_keeps_the_users_choic
     assert env["NCCL_NVLS_ENABLE"] == "0" and "NCCL_NVLS_ENABLE" not in added
     assert added == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    # On CPU nothing multicast is added, but what the user set is kept; OMP threads are shared out.
+    # On CPU nothing multicast is added, but what the user set is kept; OMP threads are shared out,
+    # and glibc's mmap threshold is fixed so that freed blocks leave the RSS (host memory is the device).
     env, added = scaling.child_environment("cpu", 2, {"NVSHMEM_DISABLE_NVLS": "1"})
     assert env["NVSHMEM_DISABLE_NVLS"] == "1" and "NCCL_NVLS_ENABLE" not in env
-    assert added == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
-    env, added = scaling.child_environment("cpu", 2, {"OMP_NUM_THREADS": "3"})
-    assert env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS" not in added
+    assert added == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)), "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    env, added = scaling.child_environment("cpu", 2, {"OMP_NUM_THREADS": "3", "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert env["OMP_NUM_THREADS"] == "3" and env["MALLOC_MMAP_THRESHOLD_"] == "65536" and added == {}
     assert str(Path(scaling.__file__).resolve().parents[2]) in env["PYTHONPATH"].split(os.pathsep)
 
 

@@ -49,6 +49,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 # A profiler event is a collective when its name holds one of these (case-insensitive).
 COLLECTIVE_MARKERS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter", "nccl", "gloo", "c10d")
 PROFILED_STEPS = 2
+CPU_MMAP_THRESHOLD = 1 << 20  # fixed (no longer dynamic): blocks of 1 MiB and more are returned when freed
 NO_COLLECTIVE = "the profiler recorded no collective op in the profiled steps"
 DEFAULT_LAUNCH_TIMEOUT_S = 3600.0
 
@@ -205,9 +206,14 @@ def child_environment(device_type: str, nproc: int, env: Mapping[str, str] | Non
         for name, value in MULTICAST_OFF.items():
             if name not in base:
                 base[name] = added[name] = value
-    elif "OMP_NUM_THREADS" not in base:
-        # N ranks on a CPU share its cores; more threads than cores makes every rank slower.
-        base["OMP_NUM_THREADS"] = added["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    else:
+        if "OMP_NUM_THREADS" not in base:
+            # N ranks on a CPU share its cores; more threads than cores makes every rank slower.
+            base["OMP_NUM_THREADS"] = added["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        if "MALLOC_MMAP_THRESHOLD_" not in base:
+            # Host memory stands for device memory: glibc's threshold, fixed at its initial value, no
+            # longer rises, so freed blocks go back to the system and RSS follows live memory.
+            base["MALLOC_MMAP_THRESHOLD_"] = added["MALLOC_MMAP_THRESHOLD_"] = str(CPU_MMAP_THRESHOLD)
     # The ranks import capture from wherever this process did (a checkout that is not installed too).
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -348,12 +354,14 @@ def _clear(base: Path, out_path: Path) -> None:
         stale.unlink()
 
 
-def _launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: Mapping[str, str], timeout_s: float,
-                    items_total: int) -> tuple[dict[str, Any], list[str], list[dict[str, Any]], float]:
+def launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: Mapping[str, str], timeout_s: float,
+                   done: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[str], list[dict[str, Any]], float]:
     """The measure phase, launched again after each rank that ran out of memory, with what was
-    finished carried over (the failed item recorded as "does not fit"). Returns rank 0's result,
-    the first launch command, the relaunches and the launches' wall time."""
-    done: dict[str, Any] = {}
+    finished carried over (the failed item recorded as "does not fit"); ``done`` holds items
+    already measured, which are not measured again. Returns rank 0's result, the first launch
+    command, the relaunches and the launches' wall time."""
+    done = dict(done or {})
+    items_total = 1 + len(job["ladder"]) + 2 * len(job["strategies"])
     relaunches: list[dict[str, Any]] = []
     wall = 0.0
     first_cmd: list[str] = []
@@ -384,6 +392,30 @@ def _launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: 
                        f"see the launch logs in {base}")
 
 
+def measure_job(config: Any, args: ScalingOptions, plan: BatchPlan, base: Path, timeout_s: float) -> dict[str, Any]:
+    """What every rank reads (the format is internal to this module and the worker)."""
+    from capture.trial.recover import config_to_dict
+    from capture.trial.workload import resolve_device
+
+    device_type = resolve_device(config.device).type
+    rec = config.recovery
+    return {
+        "config": config_to_dict(config),
+        "device_type": device_type,
+        "backend": "nccl" if device_type == "cuda" else "gloo",
+        "strategies": list(args.strategies),
+        "plan": plan.to_manifest(),
+        "ladder": [{"world_size": p.world_size, "plan": p.to_manifest()} for p in ladder(config, plan.world_size)],
+        "profile_steps": PROFILED_STEPS,
+        "recovery": {"enabled": bool(rec.enabled) and args.recovery, "save_at_step": rec.save_at_step,
+                     "total_steps": rec.total_steps},
+        "checkpoint_dir": str(base / "checkpoints"),
+        "timeout_s": timeout_s,
+        "fsdp_offload": args.fsdp_offload,
+        "rank_memory_limit": args.rank_memory_limit,
+    }
+
+
 def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[str],
                 timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S) -> dict[str, Any]:
     """Run the scaling step and return the ``[scaling]`` table.
@@ -392,7 +424,6 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     :class:`CaptureError` subclass for bad flags, a batch that cannot be split, or a failed launch.
     Out of memory (one device, a shape) is a result in the table, not an error.
     """
-    from capture.trial.recover import config_to_dict
     from capture.trial.scaling_table import EFFICIENCY_DEFINITION, memory_limit_how, results_tables
     from capture.trial.workload import resolve_device
 
@@ -401,8 +432,6 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     world = plan.world_size
     device_type = resolve_device(config.device).type
     rec = config.recovery
-    recovery = bool(rec.enabled) and args.recovery
-    smaller = ladder(config, world)
 
     base = Path(args.dist_dir) if args.dist_dir else Path(workdir) / "scaling"
     try:
@@ -418,22 +447,8 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
                      "understates what separate devices would give")
         log.warning("scaling: %s", notes[-1])
 
-    job: dict[str, Any] = {
-        "config": config_to_dict(config),
-        "device_type": device_type,
-        "backend": "nccl" if device_type == "cuda" else "gloo",
-        "strategies": list(strategies),
-        "plan": plan.to_manifest(),
-        "ladder": [{"world_size": p.world_size, "plan": p.to_manifest()} for p in smaller],
-        "profile_steps": PROFILED_STEPS,
-        "recovery": {"enabled": recovery, "save_at_step": rec.save_at_step, "total_steps": rec.total_steps},
-        "checkpoint_dir": str(base / "checkpoints"),
-        "timeout_s": timeout_s,
-        "fsdp_offload": args.fsdp_offload,
-        "rank_memory_limit": args.rank_memory_limit,
-    }
-    items_total = 1 + len(smaller) + 2 * len(strategies)
-    measure, first_cmd, relaunches, wall = _launch_measure(job, args, base, env, timeout_s, items_total)
+    job = measure_job(config, args, plan, base, timeout_s)
+    measure, first_cmd, relaunches, wall = launch_measure(job, args, base, env, timeout_s)
     items = measure.get("items", {})
     restored: dict[str, Any] = {}
     restore_failed: str | None = None
@@ -485,6 +500,7 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     if probe_table is not None:
         topo["probe"] = probe_table
     table["topology"] = topo or {"skipped": "no topology readings"}
+    smaller = [BatchPlan.from_manifest(e["plan"]) for e in job["ladder"]]
     table.update(results_tables(items, plan, smaller, strategies, restored, restore_failed,
                                 rec.save_at_step, rec.total_steps))
     table["reading"] = reading(table)

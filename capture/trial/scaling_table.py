@@ -104,10 +104,10 @@ def efficiency_reference(baseline: Mapping[str, Any] | None, smaller: list[dict[
                     "throughput_tokens_per_s": s["throughput_tokens_per_s"],
                     "basis": f"one device does not fit; FSDP x{s['world_size']} is the smallest N that fits"}
     for name in ("fsdp", "ddp"):
-        s = shapes.get(name)
-        if isinstance(s, Mapping) and s.get("fits") and s.get("throughput_tokens_per_s"):
+        full = shapes.get(name)
+        if isinstance(full, Mapping) and full.get("fits") and full.get("throughput_tokens_per_s"):
             tried = ", ".join(f"FSDP x{x['world_size']}" for x in smaller)
-            return {"world_size": world, "shape": f"{name.upper()} x{world}", "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+            return {"world_size": world, "shape": f"{name.upper()} x{world}", "throughput_tokens_per_s": full["throughput_tokens_per_s"],
                     "basis": f"one device does not fit{', nor ' + tried if tried else ''}; {name.upper()} x{world} "
                              "is the smallest N that fits, so its own efficiency is 1 by definition"}
     return None
