@@ -225,7 +225,8 @@ def build_sharded(config: Any, device: Any, mesh: Any, offload: bool = False) ->
         materialization=("meta device: every rank built the model on the meta device, sharded it and allocated only its "
                          "shard (to_empty); rank 0 built the full model on its CPU and each tensor was sent to the "
                          "shards (distribute_tensor from group rank 0), so no device held the whole model"),
-        weights=weights, optimizer_device=str(home))
+        weights=weights, optimizer_device=str(home), params_total=params_total,
+        param_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()))
     workload = wl_mod.Workload(config=config, device=device, model=model, optimizer=optimizer, scheduler=scheduler,
                                scaler=scaler, loader=loader, val_source=data.val, tokens_per_step=config.tokens_per_step,
                                params_total=params_total, params_trainable=params_trainable,

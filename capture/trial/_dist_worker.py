@@ -89,6 +89,30 @@ def _reset_peaks(mem: Any) -> None:
         devmem.reset_peak_rss()
 
 
+def _now_bytes(device: Any) -> int | None:
+    from capture.trial import devmem
+
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.memory_allocated(device))
+    return devmem.rss_bytes()
+
+
+def _build_memory(mem: Any, device: Any, before: int | None) -> dict[str, Any]:
+    """What building took: the peak since ``before`` was read (a peak reset with it). FSDP's
+    meta-device build shows here: no rank's device held the whole model."""
+    from capture.trial import devmem
+
+    reading = mem.read()
+    out: dict[str, Any] = {"memory_before_build_bytes": before,
+                           "build_peak_memory_bytes": reading.peak_allocated_bytes if device.type == "cuda"
+                           else reading.device_used_bytes}
+    if device.type == "cuda":
+        out["build_peak_host_rss_bytes"] = devmem.peak_rss_bytes()
+    return out
+
+
 def memory_basis(device: Any) -> str:
     if device.type == "cuda":
         return ("peak allocated tensor memory per rank (torch allocator); device_used_bytes per rank is the "
@@ -206,7 +230,11 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
 
     built = None
     if t.member:
+        state.release_memory(device)
+        _reset_peaks(mem)
+        before = _now_bytes(device)
         built = build(strategy, config, plan, device, t.rank, t.size, t.mesh, bool(job.get("fsdp_offload")))
+        build_memory = _build_memory(mem, device, before)
         _say(rank, f"{strategy} x{t.size}: built")
         state.release_memory(device)
         _reset_peaks(mem)
@@ -224,6 +252,7 @@ def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, m
         row = {"rank": rank, "tokens_measured": built.feed.tokens}
         row.update(step_stats(times))
         row.update(_memory(mem.read(), device))
+        row.update(build_memory)
         row.update(_profile(built, int(job["profile_steps"]), device))
         global_losses = _global_mean(losses, t)
         summary = dict(built.info, tokens_measured=_global_sum(row["tokens_measured"], device, t), losses=global_losses,

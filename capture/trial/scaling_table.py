@@ -84,7 +84,7 @@ def strategy_summary(data: Mapping[str, Any], plan: BatchPlan) -> dict[str, Any]
         notes = sorted({r.get("comm_share_note", "") for r in ranks if r.get("comm_share_note")})
         out["comm_share_note"] = "not attributable" + (f": {notes[0]}" if notes else "")
     for key in ("wrapper", "sharding_units", "gradient_sync", "offload", "materialization", "weights",
-                "optimizer_device", "replicas_in_sync", "replicas_in_sync_basis"):
+                "optimizer_device", "params_total", "param_bytes_total", "replicas_in_sync", "replicas_in_sync_basis"):
         if data.get(key) is not None:
             out[key] = data[key]
     out["ranks"] = ranks
