@@ -158,7 +158,7 @@ def results_tables(items: Mapping[str, Any], plan: BatchPlan, ladder: list[Batch
     baseline = baseline_summary(items.get("baseline"))
     if baseline is not None:
         out["baseline"] = baseline
-    smaller = [strategy_summary(items[f"fsdp@{p.world_size}"], p) | {"world_size": p.world_size}
+    smaller = [strategy_summary(items[f"fsdp@{p.world_size}"], p) | {"world_size": p.world_size, "batch": p.to_manifest()}
                for p in ladder if f"fsdp@{p.world_size}" in items]
     if smaller:
         out["smaller_shapes"] = smaller
