@@ -137,6 +137,22 @@ def test_efficiency_against_the_smallest_n_that_fits():
     assert "DDP x8: does not fit: out of memory on rank 0 (OutOfMemoryError: x)" in text
 
 
+def test_report_section_shows_what_did_not_fit():
+    from capture.trial.report import scaling_section
+
+    plan = derive_batch(8, 1, 2, 16)
+    t = results_tables({"baseline": {"fits": False, "verdict": "does not fit on one device: out of memory in warm-up step 1",
+                                     "oom": "OutOfMemoryError: y"}, "ddp": dict(OOM), "fsdp": _shape(128.0, 2)},
+                       plan, [], ("ddp", "fsdp"), {}, None, 2, 4)
+    t = dict(t, world_size=2, reading=scaling.reading(dict(t, world_size=2)))
+    sec = scaling_section({"scaling": t})
+    rows = {r[0]: r[1:] for r in sec.grids[0].rows}
+    assert rows["fits"] == ["no (out of memory)", "no (out of memory)", "yes"]
+    assert rows["scaling efficiency"][0] == "-"  # one device is no reference when it does not fit
+    assert dict(sec.rows)["efficiency against"].startswith("FSDP x2: one device does not fit")
+    assert dict(sec.rows)["1 device"] == "does not fit on one device: out of memory in warm-up step 1 (OutOfMemoryError: y)"
+
+
 def test_efficiency_against_one_device_when_it_fits_and_the_full_world_when_nothing_smaller_does():
     plan = derive_batch(8, 1, 2, 16)
     base = {"fits": True, "step_times_s": [1.0, 1.0], "tokens_measured": 256, "measured_steps": 2, "peak_memory_bytes": 1}
@@ -257,10 +273,11 @@ def test_fsdp_fits_under_a_per_rank_limit_the_baseline_and_ddp_exceed(tmp_path: 
 
 def test_smaller_shapes_on_a_sub_mesh_when_one_device_does_not_fit(tmp_path: Path, monkeypatch):
     """4 ranks: with the baseline recorded as not fitting (carried, as a relaunch carries it), FSDP
-    is measured on ranks 0-1 (the other two wait), fits, and FSDP x4 is taken against it."""
+    is measured on ranks 0-1 (the other two wait), fits, and FSDP x4 is taken against it. With
+    --fsdp-offload, which reaches the ranks and is recorded."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     config = load_example("tiny").with_overrides(device="cpu", warmup_steps=1, measured_steps=2, micro_batch_size=4)
-    args = _args("--nproc", "4", "--strategy", "fsdp", "--no-recovery")
+    args = _args("--nproc", "4", "--strategy", "fsdp", "--no-recovery", "--fsdp-offload")
     plan = scaling.plan_scaling(config, args)
     base = tmp_path / "dist"
     base.mkdir()
@@ -281,3 +298,5 @@ def test_smaller_shapes_on_a_sub_mesh_when_one_device_does_not_fit(tmp_path: Pat
     assert [r["rank"] for r in four["ranks"]] == [0, 1, 2, 3] and four["tokens_measured"] == config.tokens_per_step * 2
     assert four["efficiency"] == pytest.approx(four["throughput_tokens_per_s"] / (2 * two["throughput_tokens_per_s"]))
     assert t["baseline"]["verdict"] == "does not fit on one device: planted"
+    assert four["offload"].startswith("parameters, gradients and optimizer state on the CPU")
+    assert four["optimizer_device"] == "cpu" and two["offload"] == four["offload"]
