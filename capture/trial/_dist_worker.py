@@ -386,7 +386,7 @@ def measure(job: dict[str, Any], config: Any, device: Any, mem: Any, rank: int, 
     base = items.run("baseline", lambda: measure_baseline(config, device, mem, job) if rank == 0 else None)
     base_fits = _bcast(base.get("fits") if isinstance(base, dict) else None, coord)
     _say(rank, f"baseline: {'fits' if base_fits else 'does not fit on one device'}")
-    dist_barrier(coord)
+    _barrier(coord)
     if not base_fits:  # the smallest N that fits is the efficiency's reference
         for entry in job.get("ladder") or []:
             m, plan_m = int(entry["world_size"]), BatchPlan.from_manifest(entry["plan"])
@@ -417,7 +417,7 @@ def _bcast(value: Any, coord: Any) -> Any:
     return box[0]
 
 
-def dist_barrier(coord: Any) -> None:
+def _barrier(coord: Any) -> None:
     import torch.distributed as dist
 
     dist.barrier(group=coord)
@@ -468,7 +468,7 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
     plan = BatchPlan.from_manifest(job["plan"])
     # Every rank pays the first build's lazy imports now and in parallel, on the meta device (no memory).
     warm_imports(config)
-    dist_barrier(coord)
+    _barrier(coord)
     result: dict[str, Any] = {}
     if job.get("rank_memory_limit"):
         limits = _gather(apply_memory_limit(device, int(job["rank_memory_limit"])), rank, world, coord)
@@ -486,7 +486,7 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
             t = team(s, world, rank, world, device)
             result["restore"][s] = restore_run(s, per_rank, plan, device, job, t)
         _say(rank, "restored and continued")
-    dist_barrier(coord)
+    _barrier(coord)
     return result if rank == 0 else None
 
 

@@ -276,9 +276,10 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         for marker in sorted(out_path.parent.glob(out_path.name + ".rank*.oom")):
             try:
                 oom = json.loads(marker.read_text())
-                raise RankOutOfMemory(str(oom["item"]), int(oom["rank"]), str(oom["reason"]), elapsed)
+                item, rank, why = str(oom["item"]), int(oom["rank"]), str(oom["reason"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # half-written by a rank that was stopped meanwhile: the next marker, or the error
+            raise RankOutOfMemory(item, rank, why, elapsed)
         reason = ""
         if errors:
             reason = errors[0].read_text(errors="replace").strip().splitlines()[0]
@@ -388,8 +389,8 @@ def launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: M
             continue
         wall += result.get("launch_wall_s", 0.0)
         return result, first_cmd, relaunches, wall
-    raise LaunchFailed("scaling: every relaunch ran out of memory again in the same item",
-                       f"see the launch logs in {base}")
+    raise LaunchFailed("scaling: more out-of-memory relaunches than items to measure",
+                       f"see the launch logs in {base}")  # each relaunch carries one more item: not reached
 
 
 def measure_job(config: Any, args: ScalingOptions, plan: BatchPlan, base: Path, timeout_s: float) -> dict[str, Any]:
@@ -454,6 +455,10 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     restore_failed: str | None = None
     to_restore = [s for s in strategies if isinstance(items.get(f"recovery:{s}"), Mapping)
                   and items[f"recovery:{s}"].get("fits", True)]
+    if measure.get("rank0_elsewhere") and job["recovery"]["enabled"]:
+        # This node cannot see which references rank 0 saved (no shared --dist-dir): join the restore
+        # launch of every strategy, as rank 0's node does when all of them fitted.
+        to_restore = list(strategies)
     if to_restore:
         job_path, out_path = base / "job-restore.json", base / "result-restore.json"
         _clear(base, out_path)
