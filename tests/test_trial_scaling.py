@@ -229,12 +229,13 @@ def test_child_environment_turns_multicast_off_on_cuda_and_keeps_the_users_choic
     assert env["NCCL_NVLS_ENABLE"] == "0" and "NCCL_NVLS_ENABLE" not in added
     assert added == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-    # On CPU nothing multicast is added, but what the user set is kept; OMP threads are shared out.
+    # On CPU nothing multicast is added, but what the user set is kept; OMP threads are shared out,
+    # and glibc's mmap threshold is fixed so that freed blocks leave the RSS (host memory is the device).
     env, added = scaling.child_environment("cpu", 2, {"NVSHMEM_DISABLE_NVLS": "1"})
     assert env["NVSHMEM_DISABLE_NVLS"] == "1" and "NCCL_NVLS_ENABLE" not in env
-    assert added == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))}
-    env, added = scaling.child_environment("cpu", 2, {"OMP_NUM_THREADS": "3"})
-    assert env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS" not in added
+    assert added == {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)), "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    env, added = scaling.child_environment("cpu", 2, {"OMP_NUM_THREADS": "3", "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert env["OMP_NUM_THREADS"] == "3" and env["MALLOC_MMAP_THRESHOLD_"] == "65536" and added == {}
     assert str(Path(scaling.__file__).resolve().parents[2]) in env["PYTHONPATH"].split(os.pathsep)
 
 
@@ -271,7 +272,7 @@ def test_launch_timeout_stops_the_whole_process_group(tmp_path: Path):
 
 
 def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
-    from capture.trial._dist_worker import cpu_ranges, numa_nodes_of, parse_cpulist
+    from capture.trial._dist_facts import cpu_ranges, numa_nodes_of, parse_cpulist
 
     assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert cpu_ranges({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
@@ -288,7 +289,7 @@ def test_cpu_lists_and_numa_nodes_from_a_sys_tree(tmp_path: Path):
 def test_sharded_loader_ranks_together_read_the_baselines_sequences():
     import torch
 
-    from capture.trial._dist_worker import Feed, ShardedLoader
+    from capture.trial._dist_build import Feed, ShardedLoader
     from capture.trial.workload import PackedLoader, PackedTokens
 
     source = PackedTokens(torch.arange(50 * 4).view(50, 4))

@@ -2,12 +2,19 @@
 ``python -m torch.distributed.run ... -m capture.trial._dist_worker JOB.json``.
 
 The job (written by :func:`capture.trial.scaling.run_scaling`; the format is internal to that
-pair) names a phase. ``measure``: global rank 0 measures the single-device baseline alone while
-the other ranks wait; then every rank measures each strategy (warm-up, timed steps, a few
-profiled steps) and, with recovery on, runs the uninterrupted reference that saves a distributed
-checkpoint after ``save_at_step``. ``restore``: fresh processes restore that checkpoint and
-continue to ``total_steps``. Rank 0 gathers every rank's rows and writes the job's ``out`` file;
-a rank that fails writes ``OUT.rankR.error`` (one line) and exits 1, and torchrun stops the rest.
+pair) names a phase. ``measure`` runs items in order, each measured on every rank that takes part:
+``baseline`` (global rank 0 alone, the others wait), then, when one device does not fit,
+``fsdp@M`` on the first M ranks for each M of the job's ``ladder`` until one fits, then each
+strategy on all ranks, then, with recovery on, ``recovery:S``: the uninterrupted reference that
+saves a distributed checkpoint after ``save_at_step``. ``restore``: fresh processes restore those
+checkpoints and continue to ``total_steps``.
+
+Out of memory is a result. The baseline catches it in-process (no other rank is involved). A
+rank that runs out of memory in a distributed item cannot tell the others, who wait in a
+collective for it, so it writes ``OUT.rankR.oom`` (the item and the reason) and exits; torchrun
+stops the rest, and the parent launches again with the finished items (``OUT.progress``, written
+by rank 0 after each item) and the failed one carried in the job's ``done``. Any other failure
+writes ``OUT.rankR.error`` (one line). Rank 0 writes the job's ``out`` file at the end.
 """
 
 from __future__ import annotations
@@ -16,152 +23,94 @@ import dataclasses
 import datetime
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 from capture._atomic import atomic_write
 from capture.trial import state
+from capture.trial._dist_build import Built, build, warm_imports
+from capture.trial._dist_facts import binding_row, collective_loaded, local_topology
 from capture.trial.scaling import NO_COLLECTIVE, BatchPlan, is_collective, step_stats, union_seconds
 
 _T0 = time.perf_counter()
-_RANK_SEED_STRIDE = 1_000_033  # rank r > 0 draws dropout from seed + r * stride; rank 0 keeps the baseline's stream
-
-
-# --------------------------------------------------------------------------- data
-
-
-class ShardedLoader:
-    """Each rank's shard of the baseline's stream, with DistributedSampler semantics.
-
-    One global :class:`~capture.trial.workload.PackedLoader` of ``per_rank_micro_batch x world``
-    sequences per micro-step, identical on every rank; rank ``r`` keeps rows ``r, r+N, ...``.
-    So the ranks together read, step for step, exactly the sequences the baseline reads, and the
-    position (the global loader's) is the same on every rank.
-    """
-
-    def __init__(self, source: Any, per_rank_micro_batch: int, world: int, rank: int, seed: int, device: Any) -> None:
-        import torch
-
-        from capture.trial.workload import PackedLoader
-
-        self.inner = PackedLoader(source, per_rank_micro_batch * world, seed, torch.device("cpu"))
-        self.world, self.rank, self.device = world, rank, device
-        self.source = source
-
-    def __iter__(self) -> ShardedLoader:
-        return self
-
-    def __next__(self) -> Any:
-        rows = next(self.inner)[self.rank::self.world]
-        if self.device.type == "cuda":
-            return rows.pin_memory().to(self.device, non_blocking=True)
-        return rows.to(self.device)
-
-    def state_dict(self) -> dict[str, int]:
-        return dict(self.inner.state_dict(), world_size=self.world, rank=self.rank)
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if int(state.get("world_size", self.world)) != self.world:
-            raise RuntimeError(f"data position is for {state['world_size']} ranks, this launch has {self.world}")
-        self.inner.load_state_dict(state)
-
-
-class Feed:
-    """What ``train_step_async`` reads from: counts tokens; under DDP, lets gradients synchronise
-    only on the last micro-batch of an optimizer step (what ``DDP.no_sync`` does for the others)."""
-
-    def __init__(self, loader: Iterator[Any], accum: int, ddp_model: Any = None) -> None:
-        self.loader, self.accum, self.ddp = loader, accum, ddp_model
-        self.calls = 0
-        self.tokens = 0
-
-    def __iter__(self) -> Feed:
-        return self
-
-    def __next__(self) -> Any:
-        if self.ddp is not None:
-            # DDP reads this flag in forward() to decide whether backward all-reduces.
-            self.ddp.require_backward_grad_sync = self.calls % self.accum == self.accum - 1
-        self.calls += 1
-        batch = next(self.loader)
-        self.tokens += batch.numel()
-        return batch
-
-
-# --------------------------------------------------------------------------- building
+_ITEM: dict[str, str | None] = {"key": None}  # the item being run, for the out-of-memory marker
 
 
 @dataclasses.dataclass
-class Built:
-    workload: Any
-    feed: Feed
-    info: dict[str, Any]
+class Team:
+    """The ranks that train one item together: all of them, or the first ``size`` (a mesh of its own)."""
+
+    size: int
+    rank: int
+    member: bool
+    mesh: Any = None
+    group: Any = None  # the collectives' group; None: the default group
 
 
-def _shard_fsdp(model: Any) -> dict[str, Any]:
-    """FSDP2: one sharding unit per transformer block (the model's ``_no_split_modules``), then the root."""
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    block_names = set(getattr(base, "_no_split_modules", None) or ())
-    units = [m for m in model.modules() if type(m).__name__ in block_names]
-    if not units:
-        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-        units = list(lists[0]) if lists else []
-    for m in units:
-        fully_shard(m)
-    fully_shard(model)
-    return {"wrapper": "FSDP2 (torch.distributed.fsdp.fully_shard)",
-            "sharding_units": f"{len(units)} x {', '.join(sorted({type(m).__name__ for m in units})) or 'none'} + root",
-            "gradient_sync": "reduce-scatter after every micro-batch (sharded gradients, least memory)"}
+_MESHES: dict[int, Any] = {}
 
 
-def build(strategy: str, config: Any, plan: BatchPlan, device: Any, rank: int, world: int) -> Built:
-    """A fresh workload (seeded as the baseline's), wrapped for ``strategy``, reading its shard."""
-    import torch
+def team(strategy: str, size: int, rank: int, world: int, device: Any) -> Team:
+    """Every rank must call this (a mesh's process groups are created collectively)."""
+    if strategy != "fsdp":
+        return Team(world, rank, True)
+    if size not in _MESHES:
+        from torch.distributed.device_mesh import DeviceMesh
 
-    from capture.trial import workload as wl_mod
-
-    wl = wl_mod.build_workload(config, device)
-    if strategy == "baseline":
-        return Built(wl, Feed(wl.loader, config.batch.grad_accum), {})
-    wl.loader = ShardedLoader(wl.loader.source, plan.per_rank_micro_batch, world, rank, config.seed, device)
-    if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        wl.model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None)
-        info = {"wrapper": "DistributedDataParallel",
-                "gradient_sync": "all-reduce on the last micro-batch of each optimizer step (no_sync before it)"}
-        feed = Feed(wl.loader, plan.per_rank_grad_accum, wl.model)
-    elif strategy == "fsdp":
-        info = _shard_fsdp(wl.model)
-        # fully_shard swaps the parameters for sharded ones: the optimizer and schedule must be rebuilt on them.
-        wl.optimizer, _ = wl_mod._build_optimizer(wl.model, config, device)
-        horizon = config.warmup_steps + config.measured_steps
-        wl.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            wl.optimizer, wl_mod._Schedule(config.scheduler.name, config.scheduler.warmup_steps, horizon))
-        feed = Feed(wl.loader, plan.per_rank_grad_accum)
-    else:
-        raise ValueError(f"unknown strategy {strategy!r}")
-    if rank:
-        wl_mod.seed_everything(config.seed + rank * _RANK_SEED_STRIDE)
-    return Built(wl, feed, info)
+        _MESHES[size] = DeviceMesh(device.type, list(range(size)))
+    mesh = _MESHES[size]
+    member = rank < size
+    return Team(size, rank if member else -1, member, mesh, mesh.get_group() if member else None)
 
 
 # --------------------------------------------------------------------------- measuring
 
 
 def _memory(reading: Any, device: Any) -> dict[str, Any]:
+    from capture.trial import devmem
+
     if device.type == "cuda":
+        # Host memory too: with --fsdp-offload the parameters and optimizer state live there.
         return {"peak_memory_bytes": reading.peak_allocated_bytes, "peak_allocated_bytes": reading.peak_allocated_bytes,
                 "peak_reserved_bytes": reading.peak_reserved_bytes, "device_used_bytes": reading.device_used_bytes,
-                "device_used_source": reading.device_used_source, "device_total_bytes": reading.device_total_bytes}
+                "device_used_source": reading.device_used_source, "device_total_bytes": reading.device_total_bytes,
+                "peak_host_rss_bytes": devmem.peak_rss_bytes()}
     return {"peak_memory_bytes": reading.device_used_bytes, "peak_rss_bytes": reading.device_used_bytes,
             "host_memory_total_bytes": reading.device_total_bytes}
+
+
+def _reset_peaks(mem: Any) -> None:
+    from capture.trial import devmem
+
+    mem.reset_peaks()
+    if mem.type == "cuda":
+        devmem.reset_peak_rss()
+
+
+def _now_bytes(device: Any) -> int | None:
+    from capture.trial import devmem
+
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.memory_allocated(device))
+    return devmem.rss_bytes()
+
+
+def _build_memory(mem: Any, device: Any, before: int | None) -> dict[str, Any]:
+    """What building took: the peak since ``before`` was read (a peak reset with it). FSDP's
+    meta-device build shows here: no rank's device held the whole model."""
+    from capture.trial import devmem
+
+    reading = mem.read()
+    out: dict[str, Any] = {"memory_before_build_bytes": before,
+                           "build_peak_memory_bytes": reading.peak_allocated_bytes if device.type == "cuda"
+                           else reading.device_used_bytes}
+    if device.type == "cuda":
+        out["build_peak_host_rss_bytes"] = devmem.peak_rss_bytes()
+    return out
 
 
 def memory_basis(device: Any) -> str:
@@ -198,6 +147,10 @@ def _profile(built: Built, steps: int, device: Any) -> dict[str, Any]:
             elapsed = time.perf_counter() - t0
         events = list(prof.events())
     except Exception as exc:  # e.g. CUPTI unavailable: the step is still measured, only this share is not
+        from capture.trial.fit import is_oom
+
+        if is_oom(exc):
+            raise
         return {"comm_share_note": f"the profiler failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"}
     cuda_type = torch.autograd.DeviceType.CUDA
     on_device = [(e.time_range.start, e.time_range.end) for e in events
@@ -213,84 +166,108 @@ def _profile(built: Built, steps: int, device: Any) -> dict[str, Any]:
     return {"comm_share_note": NO_COLLECTIVE}
 
 
-def _global_mean(values: Any, world: int) -> list[float]:
+def _global_mean(values: list[Any], t: Team) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    t = torch.stack([v.detach().float().reshape(()) for v in values]) if isinstance(values, list) else values
-    t = t.clone()
-    dist.all_reduce(t)  # SUM: gloo has no AVG
-    return [float(x) / world for x in t.cpu().tolist()]
+    x = torch.stack([v.detach().float().reshape(()) for v in values]).clone()
+    dist.all_reduce(x, group=t.group)  # SUM: gloo has no AVG
+    return [float(v) / t.size for v in x.cpu().tolist()]
 
 
-def _global_sum(value: int, device: Any) -> int:
+def _global_sum(value: int, device: Any, t: Team) -> int:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(t)
-    return int(t.item())
+    x = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(x, group=t.group)
+    return int(x.item())
 
 
-def measure_baseline(config: Any, device: Any, mem: Any, job: dict[str, Any]) -> dict[str, Any]:
-    """Single device, no process group involved: the baseline's own micro-batch and grad_accum."""
+def _baseline(config: Any, device: Any, mem: Any, job: dict[str, Any], where: list[str]) -> dict[str, Any]:
     built = build("baseline", config, BatchPlan.from_manifest(job["plan"]), device, 0, 1)
     _say(0, "baseline: built")
     state.release_memory(device)
-    mem.reset_peaks()
-    for _ in range(config.warmup_steps):
+    _reset_peaks(mem)
+    for i in range(config.warmup_steps):
+        where[0] = f"warm-up step {i + 1}"
         built.workload.train_step_async(built.feed)
     state.sync(device)
     built.feed.tokens = 0
+    where[0] = "the measured steps"
     times, losses = _timed_steps(built, config.measured_steps, device)
-    out = {"warmup_steps": config.warmup_steps, "measured_steps": config.measured_steps,
+    out = {"fits": True, "warmup_steps": config.warmup_steps, "measured_steps": config.measured_steps,
            "tokens_measured": built.feed.tokens, "step_times_s": times,
            "micro_batch": config.batch.micro_batch_size, "grad_accum": config.batch.grad_accum,
            "losses": [float(x) for x in losses], "memory_basis": memory_basis(device)}
     out["final_loss"] = out["losses"][-1]
     out.update(_memory(mem.read(), device))
-    del built
+    return out
+
+
+def measure_baseline(config: Any, device: Any, mem: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """Single device, no process group involved: the baseline's own micro-batch and grad_accum.
+    Out of memory is caught here and returned as the result ("does not fit on one device")."""
+    from capture.trial.fit import is_oom, oom_text
+
+    where = ["building the model"]
+    try:
+        out = _baseline(config, device, mem, job, where)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        out = {"fits": False, "verdict": f"does not fit on one device: out of memory in {where[0]}",
+               "oom": oom_text(exc), "failed_at": where[0]}
+    # Out of the except block: the traceback (and the workload its frames hold) is gone before this.
     state.release_memory(device)
     return out
 
 
 def measure_strategy(strategy: str, config: Any, plan: BatchPlan, device: Any, mem: Any, job: dict[str, Any],
-                     rank: int, world: int, coord: Any) -> dict[str, Any] | None:
+                     t: Team, rank: int, world: int, coord: Any) -> dict[str, Any] | None:
+    """Every rank calls this; the team's members train, the others wait at the barrier and gather."""
     import torch.distributed as dist
 
-    built = build(strategy, config, plan, device, rank, world)
-    _say(rank, f"{strategy}: built")
-    state.release_memory(device)
-    mem.reset_peaks()
-    for _ in range(config.warmup_steps):
-        built.workload.train_step_async(built.feed)
-    state.sync(device)
+    built = None
+    if t.member:
+        state.release_memory(device)
+        _reset_peaks(mem)
+        before = _now_bytes(device)
+        built = build(strategy, config, plan, device, t.rank, t.size, t.mesh, bool(job.get("fsdp_offload")))
+        build_memory = _build_memory(mem, device, before)
+        _say(rank, f"{strategy} x{t.size}: built")
+        state.release_memory(device)
+        _reset_peaks(mem)
+        for _ in range(config.warmup_steps):
+            built.workload.train_step_async(built.feed)
+        state.sync(device)
     dist.barrier(group=coord)
-    _say(rank, f"{strategy}: warmed up")
-    built.feed.tokens = 0
-    times, losses = _timed_steps(built, config.measured_steps, device)
-    _say(rank, f"{strategy}: measured")
-    tokens = built.feed.tokens
-    row: dict[str, Any] = {"rank": rank, "tokens_measured": tokens}
-    row.update(step_stats(times))
-    row.update(_memory(mem.read(), device))
-    row.update(_profile(built, int(job["profile_steps"]), device))
-    _say(rank, f"{strategy}: profiled")
-    global_losses = _global_mean(losses, world)
-    global_tokens = _global_sum(tokens, device)
-    in_sync = replicas_in_sync(built.workload.model) if strategy == "ddp" else None
-    rows = _gather(row, rank, world, coord)
-    info = dict(built.info)
-    if in_sync is not None:
-        info["replicas_in_sync"] = in_sync
-        info["replicas_in_sync_basis"] = "per-parameter float64 sums equal on every rank after the profiled steps"
-    del built
-    state.release_memory(device)
+    row: dict[str, Any] | None = None
+    summary: dict[str, Any] = {}
+    if built is not None:
+        _say(rank, f"{strategy} x{t.size}: warmed up")
+        built.feed.tokens = 0
+        times, losses = _timed_steps(built, config.measured_steps, device)
+        _say(rank, f"{strategy} x{t.size}: measured")
+        row = {"rank": rank, "tokens_measured": built.feed.tokens}
+        row.update(step_stats(times))
+        row.update(_memory(mem.read(), device))
+        row.update(build_memory)
+        row.update(_profile(built, int(job["profile_steps"]), device))
+        global_losses = _global_mean(losses, t)
+        summary = dict(built.info, tokens_measured=_global_sum(row["tokens_measured"], device, t), losses=global_losses,
+                       final_loss=global_losses[-1])
+        if strategy == "ddp":
+            summary["replicas_in_sync"] = replicas_in_sync(built.workload.model)
+            summary["replicas_in_sync_basis"] = "per-parameter float64 sums equal on every rank after the profiled steps"
+        del built
+        state.release_memory(device)
+    rows = [r for r in _gather(row, rank, world, coord) if r is not None]
     if rank != 0:
         return None
-    return dict(info, ranks=rows, measured_steps=config.measured_steps,
-                warmup_steps=config.warmup_steps, tokens_measured=global_tokens, losses=global_losses,
-                final_loss=global_losses[-1], profiled_steps=int(job["profile_steps"]), memory_basis=memory_basis(device))
+    return dict(summary, fits=True, world_size=t.size, ranks=rows, measured_steps=config.measured_steps,
+                warmup_steps=config.warmup_steps, profiled_steps=int(job["profile_steps"]),
+                memory_basis=memory_basis(device), batch=plan.to_manifest())
 
 
 def replicas_in_sync(model: Any) -> bool:
@@ -307,20 +284,19 @@ def replicas_in_sync(model: Any) -> bool:
     return bool(torch.equal(low, high))
 
 
-def _steps_global(built: Built, count: int, world: int) -> list[float]:
-    return [_global_mean([built.workload.train_step_async(built.feed)], world)[0] for _ in range(count)]
+def _steps_global(built: Built, count: int, t: Team) -> list[float]:
+    return [_global_mean([built.workload.train_step_async(built.feed)], t)[0] for _ in range(count)]
 
 
-def reference_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: dict[str, Any],
-                  rank: int, world: int) -> dict[str, Any]:
+def reference_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: dict[str, Any], t: Team) -> dict[str, Any]:
     from capture.trial import dist_checkpoint
 
     k, n = int(job["recovery"]["save_at_step"]), int(job["recovery"]["total_steps"])
-    built = build(strategy, config, plan, device, rank, world)
-    losses = _steps_global(built, k, world)
+    built = build(strategy, config, plan, device, t.rank, t.size, t.mesh, bool(job.get("fsdp_offload")))
+    losses = _steps_global(built, k, t)
     state.sync(device)
     saved = dist_checkpoint.save(strategy, built.workload, Path(job["checkpoint_dir"]) / strategy, k, device)
-    losses += _steps_global(built, n - k, world)
+    losses += _steps_global(built, n - k, t)
     state.sync(device)
     digest = dist_checkpoint.full_param_hash(strategy, built.workload.model)
     del built
@@ -328,16 +304,15 @@ def reference_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job:
     return dict(saved, losses=losses, param_hash=digest)
 
 
-def restore_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: dict[str, Any],
-                rank: int, world: int) -> dict[str, Any]:
+def restore_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: dict[str, Any], t: Team) -> dict[str, Any]:
     from capture.trial import dist_checkpoint
 
     k, n = int(job["recovery"]["save_at_step"]), int(job["recovery"]["total_steps"])
-    built = build(strategy, config, plan, device, rank, world)
+    built = build(strategy, config, plan, device, t.rank, t.size, t.mesh, bool(job.get("fsdp_offload")))
     loaded = dist_checkpoint.load(strategy, built.workload, Path(job["checkpoint_dir"]) / strategy, device)
     if loaded["step"] != k:
         raise RuntimeError(f"the {strategy} checkpoint is from step {loaded['step']}, expected {k}")
-    losses = _steps_global(built, n - k, world)
+    losses = _steps_global(built, n - k, t)
     state.sync(device)
     digest = dist_checkpoint.full_param_hash(strategy, built.workload.model)
     del built
@@ -345,102 +320,107 @@ def restore_run(strategy: str, config: Any, plan: BatchPlan, device: Any, job: d
     return {"losses": losses, "param_hash": digest, "restore_load_s": loaded["restore_load_s"]}
 
 
-# --------------------------------------------------------------------------- facts before the run
+# --------------------------------------------------------------------------- the rank's memory limit
 
 
-def cpu_ranges(cpus: set[int] | list[int]) -> str:
-    """``{0,1,2,5}`` -> ``"0-2,5"`` (the kernel's cpulist notation)."""
-    xs = sorted(cpus)
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def parse_cpulist(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def numa_nodes_of(cpus: set[int], sys_root: Path = Path("/sys/devices/system/node")) -> list[int] | None:
-    """NUMA nodes whose CPUs this process may run on; None where /sys has no node folders."""
-    nodes = []
-    try:
-        folders = sorted(sys_root.glob("node[0-9]*"))
-    except OSError:
-        return None
-    if not folders:
-        return None
-    for folder in folders:
-        try:
-            node_cpus = parse_cpulist((folder / "cpulist").read_text())
-        except (OSError, ValueError):
-            continue
-        if node_cpus & cpus:
-            nodes.append(int(folder.name[4:]))
-    return nodes
-
-
-def binding_row(rank: int, local_rank: int, device: Any) -> dict[str, Any]:
-    cpus = os.sched_getaffinity(0)
-    row: dict[str, Any] = {"rank": rank, "local_rank": local_rank, "hostname": socket.gethostname(),
-                           "device": str(device), "cpu_affinity": cpu_ranges(cpus), "cpu_affinity_count": len(cpus),
-                           "numa_nodes": numa_nodes_of(cpus)}
+def apply_memory_limit(device: Any, limit: int) -> dict[str, Any]:
+    """Let this rank use no more than ``limit`` bytes of memory for the training state, as a
+    device of that size would: a larger allocation fails with the framework's out-of-memory
+    error. CUDA/ROCm: the caching allocator's cap. CPU: ``RLIMIT_DATA`` set to the data segment
+    the rank has now (interpreter, torch, transformers, the process group) plus ``limit``."""
     if device.type == "cuda":
         import torch
 
-        props = torch.cuda.get_device_properties(device)
-        row["device_name"] = props.name
-        uuid = getattr(props, "uuid", None)
-        if uuid is not None:
-            row["device_uuid"] = str(uuid) if str(uuid).startswith("GPU-") or torch.version.hip else f"GPU-{uuid}"
-        bdf = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        row["device_pci_bus_id"] = bdf
-        try:
-            node = int(Path(f"/sys/bus/pci/devices/{bdf}/numa_node").read_text())
-            row["device_numa_node"] = node  # -1: the platform reports no affinity
-        except (OSError, ValueError):
-            pass
-        for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
-            if name in os.environ:
-                row[name.lower()] = os.environ[name]
-    return row
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        return {"limit_bytes": limit, "device_total_bytes": total}
+    import resource
+
+    from capture.trial import devmem
+
+    state.release_memory(device)
+    base = devmem._status_kib("VmData") or 0
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = base + limit if hard == resource.RLIM_INFINITY else min(hard, base + limit)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    return {"limit_bytes": limit, "data_segment_before_bytes": base, "rlimit_data_bytes": cap}
 
 
-def local_topology(device: Any) -> dict[str, Any]:
-    """Peer access between this node's rank devices, as torch sees it (rank 0's node)."""
-    if device.type != "cuda":
-        return {"skipped": "CPU ranks: no accelerator links between them"}
-    import torch
-
-    n = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    matrix = [[i == j or bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
-    return {"peer_access": matrix, "peer_access_source": "torch.cuda.can_device_access_peer between local ranks' devices",
-            "devices": [torch.cuda.get_device_properties(i).name for i in range(n)]}
+# --------------------------------------------------------------------------- items
 
 
-def collective_loaded(backend: str) -> dict[str, Any]:
-    import torch
+class Items:
+    """The measure phase's results by item; carried ones (from an earlier launch) are not run again."""
+
+    def __init__(self, carried: dict[str, Any], rank: int, out: Path) -> None:
+        self.carried = dict(carried)
+        self.results = dict(carried)
+        self.rank, self.out = rank, out
+
+    def run(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key in self.carried:
+            return self.carried[key]
+        _ITEM["key"] = key
+        value = fn()
+        _ITEM["key"] = None
+        if self.rank == 0:
+            self.results[key] = value
+            atomic_write(Path(f"{self.out}.progress"), json.dumps(self.results).encode())
+        return value
+
+    def fits(self, key: str) -> bool:
+        """An item that ran in this launch fitted (out of memory ends the launch); carried ones say."""
+        return bool(self.carried.get(key, {}).get("fits", True)) if key in self.carried else True
+
+
+def _per_rank(config: Any, plan: BatchPlan) -> Any:
+    return dataclasses.replace(config, batch=dataclasses.replace(
+        config.batch, micro_batch_size=plan.per_rank_micro_batch, grad_accum=plan.per_rank_grad_accum))
+
+
+def measure(job: dict[str, Any], config: Any, device: Any, mem: Any, rank: int, world: int, coord: Any,
+            result: dict[str, Any]) -> None:
+    plan = BatchPlan.from_manifest(job["plan"])
+    items = Items(job.get("done") or {}, rank, Path(job["out"]))
+    result["items"] = items.results
+    base = items.run("baseline", lambda: measure_baseline(config, device, mem, job) if rank == 0 else None)
+    base_fits = _bcast(base.get("fits") if isinstance(base, dict) else None, coord)
+    _say(rank, f"baseline: {'fits' if base_fits else 'does not fit on one device'}")
+    _barrier(coord)
+    if not base_fits:  # the smallest N that fits is the efficiency's reference
+        for entry in job.get("ladder") or []:
+            m, plan_m = int(entry["world_size"]), BatchPlan.from_manifest(entry["plan"])
+            key = f"fsdp@{m}"
+            t = team("fsdp", m, rank, world, device)
+            items.run(key, lambda: measure_strategy("fsdp", _per_rank(config, plan_m), plan_m, device, mem, job, t,
+                                                    rank, world, coord))
+            if items.fits(key):
+                break
+    per_rank = _per_rank(config, plan)
+    for s in job["strategies"]:
+        t = team(s, world, rank, world, device)
+        items.run(s, lambda: measure_strategy(s, per_rank, plan, device, mem, job, t, rank, world, coord))
+        _say(rank, f"{s} measured")
+    if job["recovery"]["enabled"]:
+        for s in job["strategies"]:
+            if items.fits(s):
+                t = team(s, world, rank, world, device)
+                items.run(f"recovery:{s}", lambda: reference_run(s, per_rank, plan, device, job, t))
+        _say(rank, "uninterrupted references run and checkpoints saved")
+
+
+def _bcast(value: Any, coord: Any) -> Any:
     import torch.distributed as dist
 
-    out: dict[str, Any] = {"backend_in_use": dist.get_backend()}
-    if backend == "nccl":
-        try:
-            v = torch.cuda.nccl.version()
-            out["version_loaded"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-        except Exception:
-            pass
-    return out
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=coord)
+    return box[0]
+
+
+def _barrier(coord: Any) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(group=coord)
 
 
 def _gather(obj: Any, rank: int, world: int, coord: Any) -> list[Any]:
@@ -486,37 +466,41 @@ def run(job: dict[str, Any], rank: int, world: int, local_rank: int) -> dict[str
 
     config = config_from_dict(TrialConfig, job["config"])
     plan = BatchPlan.from_manifest(job["plan"])
-    per_rank = dataclasses.replace(config, batch=dataclasses.replace(
-        config.batch, micro_batch_size=plan.per_rank_micro_batch, grad_accum=plan.per_rank_grad_accum))
+    # Every rank pays the first build's lazy imports now and in parallel, on the meta device (no memory).
+    warm_imports(config)
+    _barrier(coord)
     result: dict[str, Any] = {}
+    if job.get("rank_memory_limit"):
+        limits = _gather(apply_memory_limit(device, int(job["rank_memory_limit"])), rank, world, coord)
+        result["rank_memory_limit"] = {"per_rank": limits}
     if job["phase"] == "measure":
-        # Every rank pays its first-build costs (lazy imports, data) now and in parallel, not after
-        # rank 0's baseline while rank 0 waits for it in DDP's first broadcast.
-        from capture.trial.workload import build_workload
-
-        build_workload(per_rank, device)
-        state.release_memory(device)
-        dist.barrier(group=coord)
-        _say(rank, "every rank built the workload once")
         binding = _gather(binding_row(rank, local_rank, device), rank, world, coord)
         if rank == 0:
             result.update(binding=binding, topology=local_topology(device), collective=collective_loaded(job["backend"]),
                           environment=env_probe.probe(ProbeOptions(), env=os.environ).to_manifest())
-            result["baseline"] = measure_baseline(config, device, mem, job)
-            _say(rank, "baseline measured")
-        dist.barrier(group=coord)
-        result["strategies"] = {}
-        for s in job["strategies"]:
-            result["strategies"][s] = measure_strategy(s, per_rank, plan, device, mem, job, rank, world, coord)
-            _say(rank, f"{s} measured")
-        if job["recovery"]["enabled"]:
-            result["recovery"] = {s: reference_run(s, per_rank, plan, device, job, rank, world) for s in job["strategies"]}
-            _say(rank, "uninterrupted references run and checkpoints saved")
+        measure(job, config, device, mem, rank, world, coord, result)
     else:
-        result["restore"] = {s: restore_run(s, per_rank, plan, device, job, rank, world) for s in job["strategies"]}
+        per_rank = _per_rank(config, plan)
+        result["restore"] = {}
+        for s in job["strategies"]:
+            t = team(s, world, rank, world, device)
+            result["restore"][s] = restore_run(s, per_rank, plan, device, job, t)
         _say(rank, "restored and continued")
-    dist.barrier(group=coord)
+    _barrier(coord)
     return result if rank == 0 else None
+
+
+def _write_failure(out: Path, rank: int, exc: Exception) -> str:
+    from capture.trial.fit import is_oom, oom_text
+
+    if is_oom(exc) and _ITEM["key"]:
+        reason = oom_text(exc)
+        atomic_write(Path(f"{out}.rank{rank}.oom"),
+                     json.dumps({"item": _ITEM["key"], "rank": rank, "reason": reason}).encode())
+        return f"rank {rank}: out of memory in {_ITEM['key']}: {reason}"
+    reason = f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0]
+    atomic_write(Path(f"{out}.rank{rank}.error"), (reason + "\n").encode())
+    return reason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,27 +512,23 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     out = Path(job["out"])
-    code = 0
     try:
         result = run(job, rank, world, local_rank)
         if rank == 0:
             atomic_write(out, json.dumps(result).encode())
-    except Exception as exc:  # the parent turns this line into the error the user sees; a traceback helps no one there
-        reason = f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0]
-        atomic_write(Path(f"{out}.rank{rank}.error"), (reason + "\n").encode())
-        sys.stderr.write(f"error: {reason}\n")
+    except Exception as exc:  # the parent turns this line into the result or error the user sees
+        sys.stderr.write(f"error: {_write_failure(out, rank, exc)}\n")
         if os.environ.get("CAPTURE_SCALING_TRACEBACK"):
             raise
-        code = 1
-    finally:
-        import torch.distributed as dist
+        return 1  # no teardown: peers may be waiting in a collective for this rank; torchrun stops them
+    import torch.distributed as dist
 
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
-    return code
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    return 0
 
 
 if __name__ == "__main__":

@@ -49,9 +49,8 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 # A profiler event is a collective when its name holds one of these (case-insensitive).
 COLLECTIVE_MARKERS = ("allreduce", "all_reduce", "all_gather", "allgather", "reduce_scatter", "nccl", "gloo", "c10d")
 PROFILED_STEPS = 2
+CPU_MMAP_THRESHOLD = 1 << 20  # fixed (no longer dynamic): blocks of 1 MiB and more are returned when freed
 NO_COLLECTIVE = "the profiler recorded no collective op in the profiled steps"
-EFFICIENCY_DEFINITION = ("throughput_N / (N x throughput_1); throughput_1 is the single-device baseline measured "
-                         "in the same launch, on the same machine, at the same global batch")
 DEFAULT_LAUNCH_TIMEOUT_S = 3600.0
 
 
@@ -207,9 +206,14 @@ def child_environment(device_type: str, nproc: int, env: Mapping[str, str] | Non
         for name, value in MULTICAST_OFF.items():
             if name not in base:
                 base[name] = added[name] = value
-    elif "OMP_NUM_THREADS" not in base:
-        # N ranks on a CPU share its cores; more threads than cores makes every rank slower.
-        base["OMP_NUM_THREADS"] = added["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    else:
+        if "OMP_NUM_THREADS" not in base:
+            # N ranks on a CPU share its cores; more threads than cores makes every rank slower.
+            base["OMP_NUM_THREADS"] = added["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        if "MALLOC_MMAP_THRESHOLD_" not in base:
+            # Host memory stands for device memory: glibc's threshold, fixed at its initial value, no
+            # longer rises, so freed blocks go back to the system and RSS follows live memory.
+            base["MALLOC_MMAP_THRESHOLD_"] = added["MALLOC_MMAP_THRESHOLD_"] = str(CPU_MMAP_THRESHOLD)
     # The ranks import capture from wherever this process did (a checkout that is not installed too).
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -220,6 +224,15 @@ def child_environment(device_type: str, nproc: int, env: Mapping[str, str] | Non
 
 class LaunchFailed(CaptureError):
     """A torchrun launch exited non-zero or timed out (exit 2, like other trial failures)."""
+
+
+class RankOutOfMemory(LaunchFailed):
+    """A rank ran out of memory in a distributed item (``OUT.rankR.oom``): a result, not a failure;
+    :func:`run_scaling` records it and launches again for the items after it."""
+
+    def __init__(self, item: str, rank: int, reason: str, elapsed_s: float) -> None:
+        super().__init__(f"scaling: rank {rank} ran out of memory in {item}: {reason}")
+        self.item, self.rank, self.reason, self.elapsed_s = item, rank, reason, elapsed_s
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -260,6 +273,13 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         # Several nodes: global rank 0 ran on another node, whose invocation writes the results.
         return {"rank0_elsewhere": True, "launch_wall_s": elapsed}
     if rc != 0 or not out_path.exists():
+        for marker in sorted(out_path.parent.glob(out_path.name + ".rank*.oom")):
+            try:
+                oom = json.loads(marker.read_text())
+                item, rank, why = str(oom["item"]), int(oom["rank"]), str(oom["reason"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half-written by a rank that was stopped meanwhile: the next marker, or the error
+            raise RankOutOfMemory(item, rank, why, elapsed)
         reason = ""
         if errors:
             reason = errors[0].read_text(errors="replace").strip().splitlines()[0]
@@ -301,79 +321,6 @@ def _topology_probe() -> dict[str, Any] | None:
         return {"skipped": f"probe failed: {type(exc).__name__}: {exc}"}
 
 
-def _strategy_summary(data: Mapping[str, Any], plan: BatchPlan, baseline_tps: float | None) -> dict[str, Any]:
-    ranks = sorted(data["ranks"], key=lambda r: r["rank"])
-    measured = data["measured_steps"]
-    slowest = max(ranks, key=lambda r: r["step_time_median_s"])
-    wall = max(r["step_time_total_s"] for r in ranks)
-    tokens = data["tokens_measured"]
-    tps = tokens / wall if wall > 0 else None
-    out: dict[str, Any] = {
-        "measured_steps": measured,
-        "warmup_steps": data["warmup_steps"],
-        "tokens_measured": tokens,
-        "tokens_per_optimizer_step": tokens // measured if measured else None,
-        "throughput_tokens_per_s": tps,
-        "throughput_basis": "tokens of the measured optimizer steps (packed sequences, no padding) / the slowest rank's total step time",
-        "step_time_median_s": slowest["step_time_median_s"],
-        "step_time_p90_s": slowest["step_time_p90_s"],
-        "step_time_cv": slowest["step_time_cv"],
-        "slowest_rank": slowest["rank"],
-        "memory_basis": data.get("memory_basis"),
-        "final_loss": data.get("final_loss"),
-        "losses": data.get("losses"),
-    }
-    peaks = [r.get("peak_memory_bytes") for r in ranks if r.get("peak_memory_bytes") is not None]
-    if peaks:
-        out["peak_memory_per_rank_bytes"] = max(peaks)
-    shares = [r["comm_share"] for r in ranks if isinstance(r.get("comm_share"), float)]
-    if shares and len(shares) == len(ranks):
-        out["comm_share"] = sum(shares) / len(shares)
-        out["comm_share_basis"] = ("wall time with a collective in flight (union of profiler events named "
-                                   f"{'/'.join(COLLECTIVE_MARKERS)}) / step time over {data.get('profiled_steps')} "
-                                   "profiled steps, mean over ranks; overlap with compute counts")
-    elif plan.world_size == 1 and all(r.get("comm_share_note") == NO_COLLECTIVE for r in ranks):
-        out["comm_share"] = 0.0
-        out["comm_share_basis"] = "world size 1: the profiler recorded no collective, none was needed"
-    else:
-        notes = sorted({r.get("comm_share_note", "") for r in ranks if r.get("comm_share_note")})
-        out["comm_share_note"] = "not attributable" + (f": {notes[0]}" if notes else "")
-    if tps is not None and baseline_tps:
-        out["efficiency"] = tps / (plan.world_size * baseline_tps)
-        out["speedup"] = tps / baseline_tps
-    for key in ("wrapper", "sharding_units", "gradient_sync", "replicas_in_sync", "replicas_in_sync_basis"):
-        if data.get(key) is not None:
-            out[key] = data[key]
-    out["ranks"] = ranks
-    return out
-
-
-def _recovery_verdict(reference: Mapping[str, Any], resumed: Mapping[str, Any] | None, failure: str | None,
-                      k: int, n: int) -> dict[str, Any]:
-    from capture.trial import recover
-
-    out: dict[str, Any] = {
-        "save_at_step": k,
-        "total_steps": n,
-        "fresh_processes": True,
-        "checkpoint_format": reference["checkpoint_format"],
-        "checkpoint_size_bytes": reference["checkpoint_size_bytes"],
-        "checkpoint_write_s": reference["checkpoint_write_s"],
-        "losses_uninterrupted": reference["losses"],
-        "param_hash_uninterrupted": reference["param_hash"],
-    }
-    if resumed is None:
-        out["verdict"] = f"failed: {failure}"
-        return out
-    step, diff, equal = recover.compare_run(reference["losses"][k:], (reference["param_hash"], ""), resumed["losses"],
-                                            (resumed["param_hash"], ""), k)
-    out.update(verdict=recover.verdict_text(step, equal), losses_resumed=resumed["losses"],
-               param_hash_resumed=resumed["param_hash"], restore_load_s=resumed["restore_load_s"], loss_diff=diff)
-    if step is not None:
-        out["diverged_at_step"] = step
-    return out
-
-
 def plan_scaling(config: Any, args: ScalingOptions) -> BatchPlan:
     """Check the scaling flags and the batch split without launching anything (call it before the
     single-device stages, so a bad ``--nproc`` fails in a second, not after them)."""
@@ -389,23 +336,103 @@ def plan_scaling(config: Any, args: ScalingOptions) -> BatchPlan:
     return derive_batch(config.batch.micro_batch_size, config.batch.grad_accum, world, config.batch.max_seq_len)
 
 
+def ladder(config: Any, world: int) -> list[BatchPlan]:
+    """The smaller shapes FSDP is measured on when one device does not fit: 2, 4, 8, ... ranks
+    below ``world`` whose batch split keeps the global batch (others are skipped)."""
+    out = []
+    m = 2
+    while m < world:
+        try:
+            out.append(derive_batch(config.batch.micro_batch_size, config.batch.grad_accum, m, config.batch.max_seq_len))
+        except ConfigError:
+            pass
+        m *= 2
+    return out
+
+
+def _clear(base: Path, out_path: Path) -> None:
+    for stale in list(base.glob(out_path.name + "*")):
+        stale.unlink()
+
+
+def launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: Mapping[str, str], timeout_s: float,
+                   done: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[str], list[dict[str, Any]], float]:
+    """The measure phase, launched again after each rank that ran out of memory, with what was
+    finished carried over (the failed item recorded as "does not fit"); ``done`` holds items
+    already measured, which are not measured again. Returns rank 0's result, the first launch
+    command, the relaunches and the launches' wall time."""
+    done = dict(done or {})
+    items_total = 1 + len(job["ladder"]) + 2 * len(job["strategies"])
+    relaunches: list[dict[str, Any]] = []
+    wall = 0.0
+    first_cmd: list[str] = []
+    job_path, out_path = base / "job-measure.json", base / "result-measure.json"
+    for attempt in range(items_total + 1):  # every relaunch records one more item: this ends
+        _clear(base, out_path)
+        atomic_write(job_path, json.dumps(dict(job, phase="measure", out=str(out_path), done=done), indent=1).encode())
+        cmd = launch_command(args, job_path, f"-{attempt}" if attempt else "")
+        first_cmd = first_cmd or cmd
+        sys.stderr.write(f"scaling: measure: {job['plan']['world_size']} rank(s) on {job['device_type']} "
+                         f"({', '.join(job['strategies'])}, baseline{'; again, ' + str(len(done)) + ' item(s) kept' if done else ''})\n")
+        log_path = base / (f"launch-measure-{attempt}.log" if attempt else "launch-measure.log")
+        try:
+            result = run_launch(cmd, env, log_path, out_path, timeout_s)
+        except RankOutOfMemory as exc:
+            wall += exc.elapsed_s
+            progress = Path(f"{out_path}.progress")
+            if progress.exists():
+                done.update(json.loads(progress.read_text()))
+            done[exc.item] = {"fits": False, "verdict": f"does not fit: out of memory on rank {exc.rank}",
+                              "oom": exc.reason, "oom_rank": exc.rank}
+            relaunches.append({"after_item": exc.item, "rank": exc.rank, "reason": exc.reason, "log": log_path.name})
+            sys.stderr.write(f"scaling: {exc.item} does not fit (rank {exc.rank}: {exc.reason}); launching again\n")
+            continue
+        wall += result.get("launch_wall_s", 0.0)
+        return result, first_cmd, relaunches, wall
+    raise LaunchFailed("scaling: more out-of-memory relaunches than items to measure",
+                       f"see the launch logs in {base}")  # each relaunch carries one more item: not reached
+
+
+def measure_job(config: Any, args: ScalingOptions, plan: BatchPlan, base: Path, timeout_s: float) -> dict[str, Any]:
+    """What every rank reads (the format is internal to this module and the worker)."""
+    from capture.trial.recover import config_to_dict
+    from capture.trial.workload import resolve_device
+
+    device_type = resolve_device(config.device).type
+    rec = config.recovery
+    return {
+        "config": config_to_dict(config),
+        "device_type": device_type,
+        "backend": "nccl" if device_type == "cuda" else "gloo",
+        "strategies": list(args.strategies),
+        "plan": plan.to_manifest(),
+        "ladder": [{"world_size": p.world_size, "plan": p.to_manifest()} for p in ladder(config, plan.world_size)],
+        "profile_steps": PROFILED_STEPS,
+        "recovery": {"enabled": bool(rec.enabled) and args.recovery, "save_at_step": rec.save_at_step,
+                     "total_steps": rec.total_steps},
+        "checkpoint_dir": str(base / "checkpoints"),
+        "timeout_s": timeout_s,
+        "fsdp_offload": args.fsdp_offload,
+        "rank_memory_limit": args.rank_memory_limit,
+    }
+
+
 def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[str],
                 timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S) -> dict[str, Any]:
     """Run the scaling step and return the ``[scaling]`` table.
 
     ``args`` holds the flags of :func:`add_arguments` (``nproc`` must be set). Raises a
     :class:`CaptureError` subclass for bad flags, a batch that cannot be split, or a failed launch.
+    Out of memory (one device, a shape) is a result in the table, not an error.
     """
-    from capture.trial.recover import config_to_dict
+    from capture.trial.scaling_table import EFFICIENCY_DEFINITION, memory_limit_how, results_tables
     from capture.trial.workload import resolve_device
 
     plan = plan_scaling(config, args)
     strategies = args.strategies
-    nnodes = args.nnodes
     world = plan.world_size
     device_type = resolve_device(config.device).type
     rec = config.recovery
-    recovery = bool(rec.enabled) and args.recovery
 
     base = Path(args.dist_dir) if args.dist_dir else Path(workdir) / "scaling"
     try:
@@ -421,83 +448,68 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
                      "understates what separate devices would give")
         log.warning("scaling: %s", notes[-1])
 
-    job: dict[str, Any] = {
-        "config": config_to_dict(config),
-        "device_type": device_type,
-        "backend": "nccl" if device_type == "cuda" else "gloo",
-        "strategies": list(strategies),
-        "plan": plan.to_manifest(),
-        "profile_steps": PROFILED_STEPS,
-        "recovery": {"enabled": recovery, "save_at_step": rec.save_at_step, "total_steps": rec.total_steps},
-        "checkpoint_dir": str(base / "checkpoints"),
-        "timeout_s": timeout_s,
-    }
-    first_cmd: list[str] | None = None
-    results: dict[str, Any] = {}
-    for phase in ("measure", "restore") if recovery else ("measure",):
-        job_path = base / f"job-{phase}.json"
-        out_path = base / f"result-{phase}.json"
-        atomic_write(job_path, json.dumps(dict(job, phase=phase, out=str(out_path)), indent=1).encode())
-        cmd = launch_command(args, job_path, "" if phase == "measure" else "-restore")
-        first_cmd = first_cmd or cmd
-        sys.stderr.write(f"scaling: {phase}: {world} rank(s) on {device_type} "
-                         f"({', '.join(strategies)}{', baseline' if phase == 'measure' else ', restore in fresh processes'})\n")
+    job = measure_job(config, args, plan, base, timeout_s)
+    measure, first_cmd, relaunches, wall = launch_measure(job, args, base, env, timeout_s)
+    items = measure.get("items", {})
+    restored: dict[str, Any] = {}
+    restore_failed: str | None = None
+    to_restore = [s for s in strategies if isinstance(items.get(f"recovery:{s}"), Mapping)
+                  and items[f"recovery:{s}"].get("fits", True)]
+    if measure.get("rank0_elsewhere") and job["recovery"]["enabled"]:
+        # This node cannot see which references rank 0 saved (no shared --dist-dir): join the restore
+        # launch of every strategy, as rank 0's node does when all of them fitted.
+        to_restore = list(strategies)
+    if to_restore:
+        job_path, out_path = base / "job-restore.json", base / "result-restore.json"
+        _clear(base, out_path)
+        atomic_write(job_path, json.dumps(dict(job, strategies=to_restore, phase="restore", out=str(out_path)),
+                                          indent=1).encode())
+        sys.stderr.write(f"scaling: restore: {world} rank(s) on {device_type} ({', '.join(to_restore)}, "
+                         "restore in fresh processes)\n")
         try:
-            results[phase] = run_launch(cmd, env, base / f"launch-{phase}.log", out_path, timeout_s)
+            result = run_launch(launch_command(args, job_path, "-restore"), env, base / "launch-restore.log",
+                                out_path, timeout_s)
+            restored = result.get("restore", {})
+            wall += result.get("launch_wall_s", 0.0)
         except LaunchFailed as exc:
-            if phase == "measure":
-                raise
-            results["restore_failed"] = exc.message
+            restore_failed = exc.message
             log.warning("%s", exc.message)
 
-    measure = results.get("measure", {})
     table: dict[str, Any] = {
         "world_size": world,
         "nproc_per_node": args.nproc,
-        "nnodes": nnodes,
+        "nnodes": args.nnodes,
         "strategies": list(strategies),
         "device_type": device_type,
         "launcher": f"python -m {LAUNCHER} (torchrun)",
-        "launch_command": [Path(c).name if i == 0 else c for i, c in enumerate(first_cmd or [])][:-1] + ["JOB.json"],
+        "launch_command": [Path(c).name if i == 0 else c for i, c in enumerate(first_cmd)][:-1] + ["JOB.json"],
         "env_set_by_capture": added,
         "multicast_note": ("NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set for the "
                            "ranks on CUDA unless already set: multicast objects are a hazard on shared hosts and "
                            "DDP/FSDP do not need them") if device_type == "cuda" else None,
         "efficiency_definition": EFFICIENCY_DEFINITION,
+        "fsdp_offload": args.fsdp_offload,
         "batch": plan.to_manifest(),
         "collective": dict(_collective_library(device_type), **measure.get("collective", {})),
         "environment": measure.get("environment", {"skipped": "no rank result"}),
         "binding": measure.get("binding", []),
         "notes": notes or None,
     }
+    if args.rank_memory_limit:
+        table["rank_memory_limit"] = dict(measure.get("rank_memory_limit", {}), bytes=args.rank_memory_limit,
+                                          how=memory_limit_how(device_type))
+    if relaunches:
+        table["relaunches"] = relaunches
     topo = dict(measure.get("topology", {}))
     probe_table = _topology_probe()
     if probe_table is not None:
         topo["probe"] = probe_table
     table["topology"] = topo or {"skipped": "no topology readings"}
-
-    if "baseline" in measure:
-        b = dict(measure["baseline"])
-        b.update(step_stats(b.pop("step_times_s")))
-        wall = b["step_time_total_s"]
-        b["throughput_tokens_per_s"] = b["tokens_measured"] / wall if wall > 0 else None
-        b["tokens_per_optimizer_step"] = b["tokens_measured"] // b["measured_steps"]
-        b["peak_memory_per_rank_bytes"] = b.pop("peak_memory_bytes", None)
-        table["baseline"] = b
-    baseline_tps = table.get("baseline", {}).get("throughput_tokens_per_s")
-    restored = results.get("restore", {}).get("restore", {})
-    for s in strategies:
-        data = measure.get("strategies", {}).get(s)
-        if data is None:
-            continue
-        summary = _strategy_summary(data, plan, baseline_tps)
-        ref = measure.get("recovery", {}).get(s)
-        if ref is not None:
-            summary["recovery"] = _recovery_verdict(ref, restored.get(s), results.get("restore_failed", "no result"),
-                                                    rec.save_at_step, rec.total_steps)
-        table[s] = summary
+    smaller = [BatchPlan.from_manifest(e["plan"]) for e in job["ladder"]]
+    table.update(results_tables(items, plan, smaller, strategies, restored, restore_failed,
+                                rec.save_at_step, rec.total_steps))
     table["reading"] = reading(table)
-    table["elapsed_s"] = sum(r.get("launch_wall_s", 0.0) for r in results.values() if isinstance(r, Mapping))
+    table["elapsed_s"] = wall
     if measure.get("rank0_elsewhere"):
         table["note"] = "global rank 0 runs on another node: its manifest holds the measurements"
     if not args.dist_dir:

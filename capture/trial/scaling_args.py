@@ -29,6 +29,10 @@ class ScalingOptions:
     dist_dir: Path | None = None
     recovery: bool = True
     """False with --no-recovery: the restore launch is skipped too."""
+    fsdp_offload: bool = False
+    """FSDP keeps parameters, gradients and optimizer state on the CPU (FSDP2 CPUOffloadPolicy)."""
+    rank_memory_limit: int | None = None
+    """Bytes each rank (and the single-device baseline) may use, as on a device of that size."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -43,6 +47,11 @@ class ScalingOptions:
                              "--master-port with --node-rank) and run the same command on every node; see docs/scaling.md")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank: must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, got {self.node_rank}")
+        if self.fsdp_offload and "fsdp" not in self.strategies:
+            raise UsageError("--fsdp-offload: applies to FSDP, and --strategy ddp measures no FSDP",
+                             "use --strategy fsdp or both, or leave --fsdp-offload out")
+        if self.rank_memory_limit is not None and self.rank_memory_limit <= 0:
+            raise UsageError(f"--rank-memory-limit: must be > 0, got {self.rank_memory_limit}")
         if self.rdzv_endpoint and self.master_addr:
             raise UsageError("--rdzv-endpoint and --master-addr both given",
                              "use --rdzv-endpoint (dynamic rendezvous) or --master-addr/--master-port (static), not both")
@@ -63,12 +72,22 @@ class ScalingOptions:
     def from_args(cls, args: argparse.Namespace) -> ScalingOptions | None:
         """From the parsed flags of :func:`add_arguments`; None without ``--nproc`` (no scaling step)."""
         if not args.nproc:
+            for flag, given in (("--fsdp-offload", args.fsdp_offload), ("--rank-memory-limit", args.rank_memory_limit)):
+                if given:
+                    raise UsageError(f"{flag}: belongs to the scaling step, which --nproc N turns on",
+                                     f"add --nproc N, or leave {flag} out")
             return None
+        limit = None
+        if args.rank_memory_limit:
+            from capture.commands.trial import parse_bytes  # the one size parser (--memory-limit's)
+
+            limit = parse_bytes(args.rank_memory_limit, "--rank-memory-limit")
         return cls(nproc=args.nproc, strategy=args.strategy, nnodes=args.nnodes, node_rank=args.node_rank,
                    rdzv_backend=args.rdzv_backend, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                    master_addr=args.master_addr, master_port=args.master_port,
                    dist_dir=Path(args.dist_dir) if args.dist_dir else None,
-                   recovery=not getattr(args, "no_recovery", False))
+                   recovery=not getattr(args, "no_recovery", False), fsdp_offload=args.fsdp_offload,
+                   rank_memory_limit=limit)
 
 
 def _positive_int(text: str) -> int:
@@ -105,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-id", default=None, metavar="ID", help="torchrun --rdzv-id (the same on every node)")
     g.add_argument("--master-addr", default=None, metavar="HOST", help="torchrun --master-addr (static rendezvous)")
     g.add_argument("--master-port", type=_port, default=None, metavar="PORT", help="torchrun --master-port")
+    g.add_argument("--fsdp-offload", action="store_true",
+                   help="FSDP keeps parameters, gradients and optimizer state in host memory (FSDP2 CPUOffloadPolicy); "
+                        "the optimizer steps on the CPU")
+    g.add_argument("--rank-memory-limit", default=None, metavar="BYTES",
+                   help="memory each rank and the single-device baseline may use, as on a card of that size "
+                        "(e.g. 80GiB): CUDA caps the allocator, a CPU run sets RLIMIT_DATA; past it is out of memory, "
+                        "recorded as \"does not fit\"")
     g.add_argument("--dist-dir", default=None, metavar="DIR",
                    help="folder for the ranks' checkpoints and results (default: inside the trial's work "
                         "folder); with several nodes it must be on a filesystem every node shares")

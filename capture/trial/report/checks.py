@@ -48,11 +48,18 @@ def preflight_section(m: Mapping[str, Any]) -> Section:
 
 def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
     s = t.get(col) if isinstance(t.get(col), Mapping) else {}
+    if key == "fits":
+        return "-" if not s else ("no (out of memory)" if s.get("fits") is False else "yes")
+    if s.get("fits") is False:  # out of memory: a verdict, no figures
+        return "-"
     if key == "throughput":
         v = s.get("throughput_tokens_per_s")
         return f"{number_str(v)} tok/s" if _is_num(v) else "-"
     if key == "efficiency":
-        return "1 (by definition)" if col == "baseline" else number_str(s.get("efficiency")) if _is_num(s.get("efficiency")) else "-"
+        ref = t.get("efficiency_reference") if isinstance(t.get("efficiency_reference"), Mapping) else {}
+        if col == "baseline" and ref.get("world_size", 1) == 1:
+            return "1 (by definition)"
+        return number_str(s.get("efficiency")) if _is_num(s.get("efficiency")) else "-"
     if key == "step":
         med, p90 = s.get("step_time_median_s"), s.get("step_time_p90_s")
         return f"{seconds_str(med) if _is_num(med) else '-'} / {seconds_str(p90) if _is_num(p90) else '-'}"
@@ -93,7 +100,7 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
     cols = ["baseline"] + [s for s in STRATEGIES if isinstance(t.get(s), Mapping)]
     heads = {"baseline": "1 device", "ddp": f"DDP x{n}", "fsdp": f"FSDP x{n}"}
     rows = [[label] + [_strategy_cell(t, c, key) for c in cols]
-            for label, key in (("useful throughput", "throughput"), ("scaling efficiency", "efficiency"),
+            for label, key in (("fits", "fits"), ("useful throughput", "throughput"), ("scaling efficiency", "efficiency"),
                                ("step time median / p90", "step"), ("step time CV", "cv"),
                                ("peak memory per rank", "memory"), ("communication share", "comm"),
                                ("restore in fresh processes", "restore"))]
@@ -103,6 +110,13 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
         sec.rows.append(("memory basis", str(basis)))
     if t.get("efficiency_definition"):
         sec.rows.append(("efficiency", str(t["efficiency_definition"])))
+    ref = t.get("efficiency_reference") if isinstance(t.get("efficiency_reference"), Mapping) else {}
+    if ref.get("basis"):
+        sec.rows.append(("efficiency against", f"{ref.get('shape', '?')}: {ref['basis']}"))
+    for c in cols:
+        s = t[c] if isinstance(t.get(c), Mapping) else {}
+        if s.get("fits") is False:
+            sec.rows.append((heads[c], str(s.get("verdict", "does not fit")) + (f" ({s['oom']})" if s.get("oom") else "")))
     for note in t.get("notes") or []:
         sec.rows.append(("note", str(note)))
     return sec
