@@ -73,9 +73,9 @@ def main(args: list[str] | None = None) -> int:
     except CaptureError as exc:
         sys.stderr.write(exc.diagnostics() + "\n")
         return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C; or SIGTERM/SIGHUP where a command turns them into one (capture.trial.scratch)
+        sys.stderr.write(f"error: {exc.args[0] if exc.args else 'interrupted'}\n")
+        return int(getattr(exc, "exit_code", 130))
     except BrokenPipeError:
         return 0
 

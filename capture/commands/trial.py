@@ -80,6 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
+    from capture.trial.scratch import interruptible
+
+    # SIGINT, SIGTERM, SIGHUP: children ended, scratch removed, nothing half-written, exit 128 + N
+    with interruptible():
+        return _trial(args)
+
+
+def _trial(args: argparse.Namespace) -> int:
     from capture.trial.config import example_names, load_config, load_example
     from capture.trial.cost import PhaseTimer
 

@@ -1,0 +1,133 @@
+"""The recovery stage's phases, side by side with the path it replaced.
+
+Baseline, by name: "full-state checkpoint, a fresh build per restore (the path before issue 24)"
+(capture.trial.recover_steps.BASELINE): the whole model in the checkpoint (a LoRA run's frozen
+base included), a fresh build of the workload for every restore (first restore, band
+continuations, each sensitivity variant), no second resume. Measured: the stage as it runs now
+(recover_steps.PLAN): a LoRA run checkpoints its adapter and verifies its base, each fresh process
+builds once (while the reference runs, when memory allows) and reloads the state for every
+restore, plus the second resume and the batch hashes. Both run here, one after the other, on the
+same config and device (with --rounds 2, a second pair in the other order); the table gives each
+sub-phase of ``[trial.recovery.phases]`` for both and the ratio baseline / now.
+
+    python benchmarks/recovery_phases.py --quick                          # CPU: a tiny LoRA GPT-2 (CI)
+    python benchmarks/recovery_phases.py CONFIG.toml --device cuda        # a GPU: e.g. an 8B LoRA config
+    python benchmarks/recovery_phases.py CONFIG.toml --device cuda --json # one JSON object on stdout
+
+On CUDA the fresh processes may build while the reference trains when the device has the memory
+for it: ``--early-builds auto`` (default) measures one training step of the config here first and
+decides as the trial does (capture.trial.recover.MemoryBudget); on or off force it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("reference", "save", "worker_start", "restore_build", "base_verify", "restore", "continuations",
+          "second_resume", "sensitivity", "total")
+
+
+def _budget(config, device):
+    """The trial's early-build budget for this config, from one measured training step here."""
+    import torch
+
+    from capture.trial import recover, state
+    from capture.trial.workload import build_workload
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats(device)
+    wl = build_workload(config, device)
+    weights = sum(p.numel() * p.element_size() for p in wl.model.parameters())
+    wl.train_step()
+    state.sync(device)
+    peak = torch.cuda.max_memory_reserved(device)
+    del wl
+    state.release_memory(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return recover.MemoryBudget(int(total * 0.9), int(peak) + 2**30, int(weights) + 2**30)  # + context, each
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config", nargs="?", help="trial config (default: the tiny example as LoRA)")
+    ap.add_argument("--quick", action="store_true", help="CPU, tiny shape, no sensitivity pass (CI)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--method", choices=("full", "lora"), help="override trial.method")
+    ap.add_argument("--rounds", type=int, default=1, help="pairs, alternating order (default 1)")
+    ap.add_argument("--early-builds", default="auto", choices=("auto", "on", "off"),
+                    help="build in the fresh processes while the reference trains (default: by memory)")
+    ap.add_argument("--workdir", help="scratch folder (default: a temporary folder)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    import dataclasses
+
+    import torch
+
+    from capture.trial import recover
+    from capture.trial.config import load_config, load_example
+    from capture.trial.runner import _quiet_libraries
+    from capture.trial.workload import resolve_device
+
+    _quiet_libraries()
+    device = resolve_device("cpu" if args.quick else args.device)
+    config = load_config(args.config) if args.config else load_example("tiny")
+    method = args.method or ("lora" if not args.config else None)
+    config = config.with_overrides(device=device.type, method=method)
+    if args.quick:
+        config = dataclasses.replace(config, recovery=dataclasses.replace(config.recovery, sensitivity=False))
+    budget = _budget(config, device) if args.early_builds == "auto" else None
+    plans = {"baseline": recover.BASELINE, "now": recover.PLAN}
+    if args.early_builds != "auto":
+        plans["now"] = dataclasses.replace(recover.PLAN, early_build=args.early_builds == "on")
+    runs: dict[str, list[dict]] = {"baseline": [], "now": []}
+    with tempfile.TemporaryDirectory(prefix="recovery-phases-", dir=args.workdir) as tmp:
+        for r in range(args.rounds):
+            order = ("baseline", "now") if r % 2 == 0 else ("now", "baseline")
+            for name in order:
+                t0 = time.perf_counter()
+                table = recover.run_recoverability(config, device, Path(tmp) / f"{name}-{r}", plan=plans[name],
+                                                   budget=budget if name == "now" else None)
+                table["phases"]["total_s"] = time.perf_counter() - t0
+                runs[name].append(table)
+                print(f"{name}: {table.get('verdict')}", file=sys.stderr)
+
+    def median(name: str, phase: str) -> float | None:
+        vals = sorted(t["phases"][f"{phase}_s"] for t in runs[name] if isinstance(t["phases"].get(f"{phase}_s"), float))
+        return vals[len(vals) // 2] if vals else None
+
+    rows = {p: (median("baseline", p), median("now", p)) for p in PHASES}
+    sizes = {n: runs[n][0].get("checkpoint_size_bytes") for n in runs}
+    result = {"config": args.config or "example:tiny (lora)", "device": str(device), "method": config.method,
+              "baseline": recover.BASELINE_NAME, "phases_s": {p: {"baseline": b, "now": m} for p, (b, m) in rows.items()},
+              "checkpoint_size_bytes": sizes, "verdicts": {n: runs[n][0].get("verdict") for n in runs},
+              "early_builds": runs["now"][0].get("plan", {}).get("early_builds"), "rounds": args.rounds,
+              "torch": torch.__version__}
+    total_b, total_m = rows["total"]
+    result["ratio_total"] = total_b / total_m if total_b and total_m else None
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"recovery phases: {result['config']} ({config.method}) on {device}, {args.rounds} round(s), "
+          f"early builds {result['early_builds']}")
+    print(f"{'phase':16s} {'baseline (s)':>13s} {'now (s)':>10s} {'ratio':>8s}")
+    for p, (b, m) in rows.items():
+        ratio = f"{b / m:7.2f}x" if b and m else "       -"
+        print(f"{p.replace('_', ' '):16s} {b if b is not None else float('nan'):13.2f} "
+              f"{m if m is not None else float('nan'):10.2f} {ratio}")
+    print(f"baseline: {recover.BASELINE_NAME}")
+    if result["ratio_total"]:
+        print(f"ratio against the baseline (total, baseline / now): {result['ratio_total']:.2f}x")
+    print(f"checkpoint size: baseline {sizes['baseline']} bytes, now {sizes['now']} bytes")
+    print(f"verdicts: baseline {result['verdicts']['baseline']}, now {result['verdicts']['now']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
