@@ -115,12 +115,11 @@ def write_manifest(path: Path, manifest: dict[str, Any], key: Path | str | None,
 
 
 def _artifact_specs(config: TrialConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    m, d = config.model, config.data
-    models: tuple[str, ...] = ()
-    if m.source == "hub":
-        models = (f"{m.repo_id}@{m.revision}" if m.revision else str(m.repo_id),)
-    elif m.source == "local":
-        models = (str(config.resolve_path(m.path or "")),)
+    from capture.trial.base import model_spec
+
+    d = config.data
+    spec = model_spec(config)  # the spec the recovery check finds the base's record by
+    models: tuple[str, ...] = (spec,) if spec else ()
     datasets: tuple[str, ...] = ()
     if d.source == "hub":
         datasets = (f"{d.repo_id}@{d.revision}" if d.revision else str(d.repo_id),)
