@@ -6,9 +6,10 @@ base included), a fresh build of the workload for every restore (first restore, 
 continuations, each sensitivity variant), no second resume. Measured: the stage as it runs now
 (recover_steps.PLAN): a LoRA run checkpoints its adapter and verifies its base, each fresh process
 builds once (while the reference runs, when memory allows) and reloads the state for every
-restore, plus the second resume and the batch hashes. Both run here, one after the other, on the
-same config and device (with --rounds 2, a second pair in the other order); the table gives each
-sub-phase of ``[trial.recovery.phases]`` for both and the ratio baseline / now.
+restore, plus the second resume and the batch hashes; and, to tell the speed of that design from
+the cost of the check it adds, the same with one resume only. All run here, one after the other,
+on the same config and device (with --rounds 2, a second set in reverse order); the table gives
+each sub-phase of ``[trial.recovery.phases]`` for each and the ratios baseline / now.
 
     python benchmarks/recovery_phases.py --quick                          # CPU: a tiny LoRA GPT-2 (CI)
     python benchmarks/recovery_phases.py CONFIG.toml --device cuda        # a GPU: e.g. an 8B LoRA config
@@ -82,18 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     config = config.with_overrides(device=device.type, method=method)
     if args.quick:
         config = dataclasses.replace(config, recovery=dataclasses.replace(config.recovery, sensitivity=False))
+    from capture.trial.workload import import_model_code
+
+    import_model_code(config)  # as the trial has by the time it reaches the recovery stage
+    if config.method == "lora":
+        import peft  # noqa: F401
     budget = _budget(config, device) if args.early_builds == "auto" else None
-    plans = {"baseline": recover.BASELINE, "now": recover.PLAN}
+    now = recover.PLAN
     if args.early_builds != "auto":
-        plans["now"] = dataclasses.replace(recover.PLAN, early_build=args.early_builds == "on")
-    runs: dict[str, list[dict]] = {"baseline": [], "now": []}
+        now = dataclasses.replace(now, early_build=args.early_builds == "on")
+    plans = {"baseline": recover.BASELINE, "now": now, "one_resume": dataclasses.replace(now, resume_again=False)}
+    runs: dict[str, list[dict]] = {name: [] for name in plans}
     with tempfile.TemporaryDirectory(prefix="recovery-phases-", dir=args.workdir) as tmp:
         for r in range(args.rounds):
-            order = ("baseline", "now") if r % 2 == 0 else ("now", "baseline")
-            for name in order:
+            for name in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
                 t0 = time.perf_counter()
                 table = recover.run_recoverability(config, device, Path(tmp) / f"{name}-{r}", plan=plans[name],
-                                                   budget=budget if name == "now" else None)
+                                                   budget=None if name == "baseline" else budget)
                 table["phases"]["total_s"] = time.perf_counter() - t0
                 runs[name].append(table)
                 print(f"{name}: {table.get('verdict')}", file=sys.stderr)
@@ -102,30 +108,39 @@ def main(argv: list[str] | None = None) -> int:
         vals = sorted(t["phases"][f"{phase}_s"] for t in runs[name] if isinstance(t["phases"].get(f"{phase}_s"), float))
         return vals[len(vals) // 2] if vals else None
 
-    rows = {p: (median("baseline", p), median("now", p)) for p in PHASES}
+    rows = {p: {n: median(n, p) for n in plans} for p in PHASES}
     sizes = {n: runs[n][0].get("checkpoint_size_bytes") for n in runs}
     result = {"config": args.config or "example:tiny (lora)", "device": str(device), "method": config.method,
-              "baseline": recover.BASELINE_NAME, "phases_s": {p: {"baseline": b, "now": m} for p, (b, m) in rows.items()},
-              "checkpoint_size_bytes": sizes, "verdicts": {n: runs[n][0].get("verdict") for n in runs},
-              "early_builds": runs["now"][0].get("plan", {}).get("early_builds"), "rounds": args.rounds,
+              "baseline": recover.BASELINE_NAME, "phases_s": rows, "checkpoint_size_bytes": sizes,
+              "verdicts": {n: runs[n][0].get("verdict") for n in runs},
+              "early_build": runs["now"][0].get("plan", {}).get("early_build"), "rounds": args.rounds,
               "torch": torch.__version__}
-    total_b, total_m = rows["total"]
-    result["ratio_total"] = total_b / total_m if total_b and total_m else None
+    total = rows["total"]
+    result["ratio_total"] = {n: total["baseline"] / total[n] if total["baseline"] and total[n] else None
+                             for n in ("now", "one_resume")}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
+
+    def cell(v: float | None) -> str:
+        return f"{v:10.2f}" if v is not None else f"{'-':>10s}"
+
+    def ratio(b: float | None, m: float | None) -> str:
+        return f"{b / m:7.2f}x" if b and m else f"{'-':>8s}"
+
     print(f"recovery phases: {result['config']} ({config.method}) on {device}, {args.rounds} round(s), "
-          f"early builds {result['early_builds']}")
-    print(f"{'phase':16s} {'baseline (s)':>13s} {'now (s)':>10s} {'ratio':>8s}")
-    for p, (b, m) in rows.items():
-        ratio = f"{b / m:7.2f}x" if b and m else "       -"
-        print(f"{p.replace('_', ' '):16s} {b if b is not None else float('nan'):13.2f} "
-              f"{m if m is not None else float('nan'):10.2f} {ratio}")
+          f"early build {result['early_build']}")
+    print(f"{'phase':16s} {'baseline':>10s} {'now':>10s} {'ratio':>8s} {'one resume':>10s} {'ratio':>8s}   (seconds)")
+    for p, v in rows.items():
+        print(f"{p.replace('_', ' '):16s} {cell(v['baseline'])} {cell(v['now'])} {ratio(v['baseline'], v['now'])} "
+              f"{cell(v['one_resume'])} {ratio(v['baseline'], v['one_resume'])}")
     print(f"baseline: {recover.BASELINE_NAME}")
-    if result["ratio_total"]:
-        print(f"ratio against the baseline (total, baseline / now): {result['ratio_total']:.2f}x")
+    r = result["ratio_total"]
+    print("ratio against the baseline (total, baseline / now): "
+          + (f"{r['now']:.2f}x" if r["now"] else "-")
+          + (f", with one resume only {r['one_resume']:.2f}x" if r["one_resume"] else ""))
     print(f"checkpoint size: baseline {sizes['baseline']} bytes, now {sizes['now']} bytes")
-    print(f"verdicts: baseline {result['verdicts']['baseline']}, now {result['verdicts']['now']}")
+    print("verdicts: " + ", ".join(f"{n.replace('_', ' ')} {v}" for n, v in result["verdicts"].items()))
     return 0
 
 

@@ -159,6 +159,9 @@ def test_lora_switch_records_measured_trainable_parameters(tmp_path):
     assert t["config_toml"] == SMALL and t["config_source"] == str(tmp_path / "small.toml")
     assert t["memory"]["estimate"]["gradients"]["bytes"] == run["params_trainable"] * 4
     assert len(t["steps"]["step_time_s"]) == 2
+    # the checkpoint stage writes what a LoRA run writes: the adapter and its optimizer, not the base
+    c = t["checkpoint"]
+    assert c["model_state"] == "adapter" and c["size_bytes"] < run["params_total"] * 4
     assert t["recovery"] == {"skipped": "--no-recovery"} and t["report"] == {"skipped": "--no-report"}
     assert not out.with_suffix(".html").exists()
 

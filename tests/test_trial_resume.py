@@ -343,10 +343,10 @@ def test_a_loader_that_forgets_its_epoch_is_caught_by_the_batch_hashes(tmp_path,
 
 def test_early_builds_follow_the_measured_memory():
     budget = recover.MemoryBudget(usable_bytes=100, peak_bytes=60, build_bytes=20)
-    assert budget.early_builds() == 2
-    assert dataclasses.replace(budget, peak_bytes=75).early_builds() == 1
-    assert dataclasses.replace(budget, peak_bytes=90).early_builds() == 0
-    assert dataclasses.replace(budget, peak_bytes=120).early_builds() == 0
+    assert budget.fits_early_build()
+    assert dataclasses.replace(budget, peak_bytes=80).fits_early_build()
+    assert not dataclasses.replace(budget, peak_bytes=81).fits_early_build()
+    assert not dataclasses.replace(budget, peak_bytes=120).fits_early_build()
     trial = {"fit": {"usable_bytes": 100, "measured_bytes": 60},
              "memory": {"estimate": {"weights": {"bytes": 15}}, "framework_overhead_bytes": 5}}
     assert recover.budget_from_trial(trial) == budget

@@ -164,11 +164,10 @@ class MemoryBudget:
     build_bytes: int
     """What a built workload holds before its first step: weights and the framework's own."""
 
-    def early_builds(self) -> int:
-        """How many fresh processes (0, 1 or 2) can hold a built workload beside a training one."""
-        if self.build_bytes <= 0:
-            return 0
-        return max(0, min(2, (self.usable_bytes - self.peak_bytes) // self.build_bytes))
+    def fits_early_build(self) -> bool:
+        """Whether a fresh process may hold its built workload beside a training one (the first
+        restore's during the reference, the second resume's during the first restore)."""
+        return 0 < self.build_bytes <= self.usable_bytes - self.peak_bytes
 
 
 def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
@@ -181,12 +180,12 @@ def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
     return MemoryBudget(usable, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
 
 
-def _early(plan: Plan, budget: MemoryBudget | None, device: Any) -> int:
+def _early(plan: Plan, budget: MemoryBudget | None, device: Any) -> bool:
     if plan.early_build is not None:
-        return 2 if plan.early_build else 0
+        return plan.early_build
     if budget is not None:
-        return budget.early_builds()
-    return 2 if device_type(device) == "cpu" else 0  # without figures, only where memory is the host's
+        return budget.fits_early_build()
+    return device_type(device) == "cpu"  # without figures, only where memory is the host's
 
 
 # --------------------------------------------------------------------------- the stage
@@ -279,7 +278,7 @@ def _setup(config: Any, device: Any, seed: int, settings: GlobalSettings, plan: 
 
 def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
              withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
-             timeout_s: float | None, plan: Plan, early: int, expected: base.Expectation | None) -> dict[str, Any]:
+             timeout_s: float | None, plan: Plan, early: bool, expected: base.Expectation | None) -> dict[str, Any]:
     fmt = config.checkpoint.format
     checkpoint = workdir / checkpoint_io.file_name(fmt)
     settings = outer
@@ -297,18 +296,16 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                              "plan": {"checkpoint": "adapter" if plan.adapter_only and config.method == "lora" else "full",
                                       "restore": "one build, reloaded per restore" if plan.reload else
                                                  "a fresh build per restore",
-                                      "early_builds": early}}
+                                      "early_build": early}}
     if device_type(device) == "cpu":
         table["cpu_threads"] = settings.num_threads
     snapshot = ["optimizer", "scheduler", "scaler", "data_position"]
     if "model" in withhold or sensitivity:
         snapshot.append("model")
     common = {"snapshot": snapshot}
-    restore = Worker("restore", _setup(config, device, seed, settings, plan, "restore", early_build=early >= 1,
+    restore = Worker("restore", _setup(config, device, seed, settings, plan, "restore", early_build=early,
                                        base=expected.to_json() if expected else None, **common), workdir, det.env)
-    again = (Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                           early_build=early >= 2, **common), workdir, det.env)
-             if k2 is not None else None)
+    again: Worker | None = None
     phases: dict[str, Any] = {}
     table["phases"] = phases
     try:
@@ -345,6 +342,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                            "withhold": list(withhold), "saved_hashes": ref.saved_hashes, "applicable": applicable,
                            "reference_losses": ref.losses[k:], "sensitivity": applicable if sensitivity else [],
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
+        if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
+            again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
+                                                  early_build=early, **common), workdir, det.env)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:
@@ -365,7 +365,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                 again_result = again.result(timeout_s)
             except WorkerFailed as exc:
                 again_result = {"error": exc.reason}
-            phases["second_resume_wall_s"] = time.perf_counter() - t0
+            phases["second_resume_s"] = time.perf_counter() - t0  # the parent's wait: what it adds to the stage
     finally:
         restore.stop()
         if again is not None:
@@ -377,7 +377,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
     why_not = ("components are withheld or left out on purpose" if withhold or leave_out else
                "needs recovery.total_steps >= save_at_step + 2" if plan.resume_again else "not part of this plan")
     _second_resume(table, ref, result, again_result, k, k2, why_not)
-    phases.update(_phases(ref, result, again_result))
+    phases.update(_phases(ref, result))
     ready, sent = result.get("ready_at"), restore.job_sent_at
     if isinstance(ready, (int, float)) and sent is not None and ready > sent:
         phases["worker_start_wait_s"] = ready - sent
@@ -404,14 +404,14 @@ def _second_resume(table: dict[str, Any], ref: Reference, result: Mapping[str, A
     rj.overall(table, again, order)
 
 
-def _phases(ref: Reference, result: Mapping[str, Any], again: Mapping[str, Any] | None) -> dict[str, Any]:
+def _phases(ref: Reference, result: Mapping[str, Any]) -> dict[str, Any]:
     """Where the stage's time went, per sub-phase (seconds; ``overlapped`` names those that ran
     while another process worked, so they cost no wall time of their own)."""
     t = result.get("timings", {})
     out: dict[str, Any] = {
         "reference_s": ref.timings.get("build_s", 0.0) + ref.timings.get("steps_s", 0.0)
         + ref.timings.get("final_hash_s", 0.0),
-        "save_s": ref.timings.get("state_hash_s", 0.0) + float(ref.saved.get("durable_s") or 0.0),
+        "save_s": ref.timings.get("save_s", 0.0),
         "restore_build_s": t.get("build_s", 0.0),
         "base_verify_s": t.get("base_verify_s", 0.0),
         "restore_s": t.get("read_s", 0.0) + t.get("restore_s", 0.0) + t.get("state_check_s", 0.0),
@@ -425,10 +425,6 @@ def _phases(ref: Reference, result: Mapping[str, Any], again: Mapping[str, Any] 
         overlapped.append("base_verify")
     out["base_verify_wait_s"] = t.get("base_verify_wait_s", 0.0)
     out["overlapped"] = overlapped
-    if again is not None and "timings" in again:
-        a = again["timings"]
-        out["second_resume_s"] = a.get("read_s", 0.0) + a.get("restore_s", 0.0) + a.get("state_check_s", 0.0) \
-            + a.get("steps_s", 0.0) + a.get("final_hash_s", 0.0) + (0.0 if again.get("built_early") else a.get("build_s", 0.0))
     return out
 
 

@@ -332,15 +332,21 @@ def to_host(value: Any) -> Any:
 
 
 def pin(value: Any) -> Any:
-    """:func:`to_host`'s layout with every CPU tensor in page-locked memory (CUDA hosts only)."""
+    """Every CPU tensor of ``value`` in page-locked memory (CUDA hosts only), in place: each
+    pageable tensor is replaced (and so freed) as soon as its pinned copy exists, so a 48 GB
+    host copy never needs 96 GB. Dicts and lists are updated; tuples rebuilt."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.pin_memory() if value.device.type == "cpu" and value.numel() else value
-    if isinstance(value, Mapping):
-        return {k: pin(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        for k in list(value):
+            value[k] = pin(value[k])
+        return value
     if isinstance(value, list):
-        return [pin(v) for v in value]
+        for i, v in enumerate(value):
+            value[i] = pin(v)
+        return value
     if isinstance(value, tuple):
         return tuple(pin(v) for v in value)
     return value
