@@ -51,7 +51,7 @@ def _budget(config, device):
     del wl
     state.release_memory(device)
     total = torch.cuda.get_device_properties(device).total_memory
-    return recover.MemoryBudget(int(total * 0.9), int(peak) + 2**30, int(weights) + 2**30)  # + context, each
+    return recover.MemoryBudget(int(total), int(peak) + 2**30, int(weights) + 2**30)  # + a context each
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="pairs, alternating order (default 1)")
     ap.add_argument("--early-builds", default="auto", choices=("auto", "on", "off"),
                     help="build in the fresh processes while the reference trains (default: by memory)")
+    ap.add_argument("--plans", default="baseline,now,one_resume",
+                    help="which to run, comma-separated (default: baseline,now,one_resume)")
     ap.add_argument("--workdir", help="scratch folder (default: a temporary folder)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from capture.trial import recover
+    from capture.trial import base, recover
     from capture.trial.config import load_config, load_example
     from capture.trial.runner import _quiet_libraries
     from capture.trial.workload import resolve_device
@@ -88,18 +90,29 @@ def main(argv: list[str] | None = None) -> int:
     import_model_code(config)  # as the trial has by the time it reaches the recovery stage
     if config.method == "lora":
         import peft  # noqa: F401
+    models = None
+    spec = base.model_spec(config)
+    if spec is not None and config.method == "lora":  # what the trial's fingerprint records, taken once
+        from capture.probes import ProbeOptions
+        from capture.probes.artifacts import probe_artifact
+
+        models = [probe_artifact(spec, "model", ProbeOptions(progress=False)).to_manifest()]
     budget = _budget(config, device) if args.early_builds == "auto" else None
     now = recover.PLAN
     if args.early_builds != "auto":
         now = dataclasses.replace(now, early_build=args.early_builds == "on")
     plans = {"baseline": recover.BASELINE, "now": now, "one_resume": dataclasses.replace(now, resume_again=False)}
+    chosen = [n.strip() for n in args.plans.split(",") if n.strip()]
+    if not chosen or set(chosen) - set(plans):
+        ap.error(f"--plans: choose from {', '.join(plans)}")
+    plans = {n: plans[n] for n in plans if n in chosen}
     runs: dict[str, list[dict]] = {name: [] for name in plans}
     with tempfile.TemporaryDirectory(prefix="recovery-phases-", dir=args.workdir) as tmp:
         for r in range(args.rounds):
             for name in (list(plans) if r % 2 == 0 else list(plans)[::-1]):
                 t0 = time.perf_counter()
                 table = recover.run_recoverability(config, device, Path(tmp) / f"{name}-{r}", plan=plans[name],
-                                                   budget=None if name == "baseline" else budget)
+                                                   budget=None if name == "baseline" else budget, models=models)
                 table["phases"]["total_s"] = time.perf_counter() - t0
                 runs[name].append(table)
                 print(f"{name}: {table.get('verdict')}", file=sys.stderr)
@@ -108,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         vals = sorted(t["phases"][f"{phase}_s"] for t in runs[name] if isinstance(t["phases"].get(f"{phase}_s"), float))
         return vals[len(vals) // 2] if vals else None
 
-    rows = {p: {n: median(n, p) for n in plans} for p in PHASES}
-    sizes = {n: runs[n][0].get("checkpoint_size_bytes") for n in runs}
+    rows = {p: {n: median(n, p) if n in plans else None for n in ("baseline", "now", "one_resume")} for p in PHASES}
+    sizes = {n: runs[n][0].get("checkpoint_size_bytes") for n in plans}
     result = {"config": args.config or "example:tiny (lora)", "device": str(device), "method": config.method,
               "baseline": recover.BASELINE_NAME, "phases_s": rows, "checkpoint_size_bytes": sizes,
-              "verdicts": {n: runs[n][0].get("verdict") for n in runs},
-              "early_build": runs["now"][0].get("plan", {}).get("early_build"), "rounds": args.rounds,
+              "verdicts": {n: runs[n][0].get("verdict") for n in plans},
+              "early_build": runs[list(plans)[-1]][0].get("plan", {}).get("early_build"), "rounds": args.rounds,
               "torch": torch.__version__}
     total = rows["total"]
     result["ratio_total"] = {n: total["baseline"] / total[n] if total["baseline"] and total[n] else None
@@ -139,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     print("ratio against the baseline (total, baseline / now): "
           + (f"{r['now']:.2f}x" if r["now"] else "-")
           + (f", with one resume only {r['one_resume']:.2f}x" if r["one_resume"] else ""))
-    print(f"checkpoint size: baseline {sizes['baseline']} bytes, now {sizes['now']} bytes")
+    print("checkpoint size: " + ", ".join(f"{n.replace('_', ' ')} {v} bytes" for n, v in sizes.items()))
     print("verdicts: " + ", ".join(f"{n.replace('_', ' ')} {v}" for n, v in result["verdicts"].items()))
     return 0
 

@@ -74,7 +74,10 @@ def main(args: list[str] | None = None) -> int:
         sys.stderr.write(exc.diagnostics() + "\n")
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C; or SIGTERM/SIGHUP where a command turns them into one (capture.trial.scratch)
-        sys.stderr.write(f"error: {exc.args[0] if exc.args else 'interrupted'}\n")
+        try:
+            sys.stderr.write(f"error: {exc.args[0] if exc.args else 'interrupted'}\n")
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
         return int(getattr(exc, "exit_code", 130))
     except BrokenPipeError:
         return 0

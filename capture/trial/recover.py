@@ -157,27 +157,30 @@ def resolve_determinism(requested: bool | None, device: Any, outer: GlobalSettin
 class MemoryBudget:
     """Whether a fresh process may build its workload while another process trains."""
 
-    usable_bytes: int
-    """The device's memory less the headroom ([trial.fit] usable_bytes)."""
+    limit_bytes: int
+    """The device's memory ([trial.fit] limit_bytes)."""
     peak_bytes: int
     """What one training process of this run used ([trial.fit] measured_bytes)."""
     build_bytes: int
     """What a built workload holds before its first step: weights and the framework's own."""
 
+    MARGIN = 0.05
+    """Kept free of the device's memory when two processes share it (allocator slack, workspaces)."""
+
     def fits_early_build(self) -> bool:
         """Whether a fresh process may hold its built workload beside a training one (the first
         restore's during the reference, the second resume's during the first restore)."""
-        return 0 < self.build_bytes <= self.usable_bytes - self.peak_bytes
+        return 0 < self.build_bytes and self.peak_bytes + self.build_bytes <= (1 - self.MARGIN) * self.limit_bytes
 
 
 def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
     """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown."""
     fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
     weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
-    usable, peak = fit.get("usable_bytes"), fit.get("measured_bytes")
-    if not all(isinstance(v, int) for v in (weights, usable, peak)):
+    limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
+    if not all(isinstance(v, int) for v in (weights, limit, peak)):
         return None
-    return MemoryBudget(usable, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
+    return MemoryBudget(limit, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
 
 
 def _early(plan: Plan, budget: MemoryBudget | None, device: Any) -> bool:
@@ -248,7 +251,11 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     workdir.mkdir(parents=True, exist_ok=True)
     outer = GlobalSettings.current()
     det = resolve_determinism(config.recovery.deterministic, device, outer)
-    expected = base.expect(config, models) if plan.adapter_only else None
+    expected, base_skipped = None, None
+    try:
+        expected = base.expect(config, models) if plan.adapter_only else None
+    except Exception as exc:  # the base's files cannot be listed: the rest of the check still runs
+        base_skipped = f"the base cannot be verified: {type(exc).__name__}: {exc}".splitlines()[0]
     args = (config, device, workdir, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s, plan,
             _early(plan, budget, device), expected)
     try:
@@ -261,10 +268,12 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
             table["deterministic"]["fallback_op"] = op
     finally:
         outer.apply()
+    if base_skipped:
+        table["base_model"] = {"skipped": base_skipped}
     table["elapsed_s"] = time.perf_counter() - t_start
     table["phases"]["total_s"] = table["elapsed_s"]
-    if progress is not None:
-        progress(phase_text(table["phases"]))
+    for line in phase_text(table["phases"]).splitlines() if progress is not None else ():
+        progress(line)
     if not str(table.get("verdict", "")).startswith("failed"):
         _cleanup(workdir)
     return table
@@ -302,9 +311,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
     snapshot = ["optimizer", "scheduler", "scaler", "data_position"]
     if "model" in withhold or sensitivity:
         snapshot.append("model")
-    common = {"snapshot": snapshot}
     restore = Worker("restore", _setup(config, device, seed, settings, plan, "restore", early_build=early,
-                                       base=expected.to_json() if expected else None, **common), workdir, det.env)
+                                       base=expected.to_json() if expected else None, snapshot=snapshot), workdir,
+                     det.env)
     again: Worker | None = None
     phases: dict[str, Any] = {}
     table["phases"] = phases
@@ -344,7 +353,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
         if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
             again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                                  early_build=early, **common), workdir, det.env)
+                                                  early_build=early, snapshot=[]), workdir, det.env)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:

@@ -193,6 +193,10 @@ def sensitivity_rows(ref: Any, variants: Mapping[str, Mapping[str, Any]], band: 
             entry["note"] = "not run"
         elif "error" in variant:
             entry["note"] = f"failed: {variant['error']}"
+        elif variant.get("undrawn"):
+            entry.update(depends=False, loss_diff=0.0, loss_diff_max=0.0,
+                         note="not drawn from during the continuation: withholding it cannot change the run "
+                              "(no restore needed)")
         else:
             j = judge(ref.losses[k:], ref.hashes, variant, band, k)
             entry.update(depends=j["kind"] == "beyond_band", loss_diff=j["loss_diff"], loss_diff_max=j["loss_diff_max"])

@@ -299,6 +299,11 @@ def _pinned(host: dict[str, Any], device: Any) -> dict[str, Any]:
         return host
 
 
+def _rng_hashes(device: Any) -> dict[str, str]:
+    """A hash per RNG stream of this process (reading a state does not advance it)."""
+    return {c: state.value_hash(v) for c, v in state.capture_rng(device).items()}
+
+
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return (a["losses"], a["param_hash"], a["optimizer_hash"]) == (b["losses"], b["param_hash"], b["optimizer_hash"])
 
@@ -327,7 +332,10 @@ def run_restore(r: Restorer, job: Mapping[str, Any]) -> dict[str, Any]:
     save_again = job.get("save_again")
     if save_again is not None:
         save_again = dict(save_again, steps=int(save_again["step"]) - k)
+    streams = _rng_hashes(r.device)
     first = r.continue_to(n - k, None, save_again, step_times)
+    # A stream the continuation never drew from cannot change it when perturbed: no restore needed.
+    undrawn = {c for c, h in _rng_hashes(r.device).items() if streams.get(c) == h}
     out["saved_again"] = first.pop("saved_again", None)
     runs = [first]
     t1 = time.perf_counter()
@@ -347,6 +355,9 @@ def run_restore(r: Restorer, job: Mapping[str, Any]) -> dict[str, Any]:
     if job.get("sensitivity"):
         out["sensitivity"] = {}
     for c in job.get("sensitivity", []):
+        if c in undrawn:
+            out["sensitivity"][c] = {"undrawn": True}
+            continue
         try:
             r.restore(host, [c])
             variant = r.continue_to(n - k, reference if deterministic else None)
