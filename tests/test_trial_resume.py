@@ -378,3 +378,12 @@ def test_sensitivity_rows_inside_the_band_and_for_an_undrawn_stream():
                                                                "it cannot change the run (no restore needed)"}
     assert rows["data_position"]["depends"] is True and rows["data_position"]["diverged_at_step"] == 3
     assert rows["model"]["note"] == "not run"
+
+
+def test_a_lora_run_resumes_twice_from_an_async_dcp_checkpoint(tmp_path):
+    cfg = _config(tmp_path)
+    cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, format="dcp-async"))
+    table = recover.run_recoverability(cfg, CPU, tmp_path, sensitivity=False)
+    assert table["checkpoint_format"] == "dcp-async" and table["verdict"] == "bit-exact", table["verdict"]
+    assert table["resume_again"]["verdict"] == "bit-exact" and table["data_order"]["equal"] is True
+    assert all(r["equal"] for r in table["restored_state"] + table["resume_again"]["restored_state"])

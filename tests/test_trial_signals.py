@@ -103,6 +103,7 @@ STAGES = [
 ]
 
 
+@pytest.mark.slow  # a trial subprocess each (torch, transformers, a fresh process per recovery worker)
 @pytest.mark.parametrize("stage, begun, sig", STAGES, ids=[s[0] for s in STAGES])
 def test_a_signal_in_each_stage_leaves_nothing_behind(tmp_path, stage, begun, sig):
     cfg = tmp_path / "signals.toml"
