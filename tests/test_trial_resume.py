@@ -294,9 +294,6 @@ def test_reloading_one_build_gives_what_a_fresh_build_per_restore_gives(full_run
 
 
 FORGETS_EPOCH = '''
-from capture.trial import workload as _w
-
-
 def _state_dict(self):
     return {"index": self.index, "seed": self.seed, "micro_batch": self.micro_batch}  # the epoch is lost
 
@@ -304,7 +301,9 @@ def _state_dict(self):
 def _load_state_dict(self, state):
     self.epoch, self.index, self._perm = int(state.get("epoch", 0)), int(state["index"]), None
     self.seed = int(state.get("seed", self.seed))
-
+'''
+PATCH_LOADER = '''
+from capture.trial import workload as _w
 
 _w.PackedLoader.state_dict = _state_dict
 _w.PackedLoader.load_state_dict = _load_state_dict
@@ -317,9 +316,9 @@ def test_a_loader_that_forgets_its_epoch_is_caught_by_the_batch_hashes(tmp_path,
     epoch wrapped, trains on other batches. The batch hashes name the step."""
     from capture.trial import workload
 
-    _plant(tmp_path, monkeypatch, FORGETS_EPOCH)
+    _plant(tmp_path, monkeypatch, FORGETS_EPOCH + PATCH_LOADER)
     namespace: dict = {}
-    exec(compile(FORGETS_EPOCH, "sitecustomize.py", "exec"), namespace)  # the parent's loader too
+    exec(compile(FORGETS_EPOCH, "forgets_epoch.py", "exec"), namespace)  # the parent's loader too (undone after)
     monkeypatch.setattr(workload.PackedLoader, "state_dict", namespace["_state_dict"])
     monkeypatch.setattr(workload.PackedLoader, "load_state_dict", namespace["_load_state_dict"])
 
