@@ -8,14 +8,21 @@ BIN      := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup trial test bench clean
+.PHONY: setup test-setup trial test bench clean
 
-setup: $(VENV)/.installed
+# Two stamps: `make trial` installs what a trial needs (torch, the package with its `trial` extra);
+# `make test` adds what the tests need (the `dev` extra) on top, so either order works.
+setup: $(VENV)/.installed-trial
+test-setup: $(VENV)/.installed-dev
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-trial: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[trial]'
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed-trial
 	$(BIN)/pip install -q -e '.[trial,dev]'
 	touch $@
 
@@ -25,7 +32,7 @@ trial: setup
 	$(BIN)/capture verify out/trial-tiny.toml
 	@echo "capture is installed in $(BIN)/: run it as $(BIN)/capture, or \`. $(BIN)/activate\` first"
 
-test: setup
+test: test-setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: setup

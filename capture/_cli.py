@@ -20,7 +20,7 @@ COMMAND_GROUPS = ("core", "trial", "image", "results", "preflight", "exec", "dec
 # time). A command missing here still works: every group is then imported, as for `capture --help`.
 COMMAND_GROUP_OF = {
     "fingerprint": "core", "keygen": "core", "sign": "core", "verify": "core", "diff": "core",
-    "trial": "trial", "image": "image", "run": "image",
+    "trial": "trial", "estimate": "trial", "image": "image", "run": "image",
     "pin": "results", "compare": "results", "show": "results", "export": "results",
     "preflight": "preflight", "exec": "exec", "decide": "decide", "init": "decide",
 }
@@ -73,6 +73,14 @@ def main(args: list[str] | None = None) -> int:
     except CaptureError as exc:
         sys.stderr.write(exc.diagnostics() + "\n")
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        from capture._extras import missing_extra
+
+        needed = missing_extra(exc, ns.command)
+        if needed is None:
+            raise
+        sys.stderr.write(needed.diagnostics() + "\n")
+        return needed.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C; or SIGTERM/SIGHUP where a command turns them into one (capture.trial.scratch)
         try:
             sys.stderr.write(f"error: {exc.args[0] if exc.args else 'interrupted'}\n")

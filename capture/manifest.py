@@ -286,7 +286,7 @@ def check_schema(data: Mapping[str, Any], source: str = "manifest") -> None:
                             "regenerate the manifest with `capture fingerprint`")
     if version > SCHEMA_VERSION:
         raise ManifestError(f"{source}: schema_version {version} is newer than this capture understands ({SCHEMA_VERSION})",
-                            "upgrade capture (pip install -U capture) to read it")
+                            "upgrade capture (pip install -U capture-stack) to read it")
     if version < 1:
         raise ManifestError(f"{source}: schema_version {version} is not valid", "regenerate the manifest")
     kind = data.get("kind")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -56,14 +55,10 @@ def device_name(device: Any) -> str:
         import torch
 
         return str(torch.cuda.get_device_name(device))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-        if m:
-            return f"CPU: {m.group(1).strip()}"
-    except OSError:
-        pass
-    return "CPU"
+    from capture.probes.host import cpu_model  # the host probe's reading, so [host] and the trial agree
+
+    model = cpu_model()
+    return f"CPU: {model}" if model else "CPU"
 
 
 def throughput_fields(tokens_per_s: float | None, params_total: int | None, params_trainable: int | None,

@@ -3,7 +3,7 @@
     python examples/hf_trainer_example.py [OUT.toml [WORKDIR]]
     torchrun --nproc-per-node 2 examples/hf_trainer_example.py run.toml work   # every rank records, rank 0 writes
 
-Writes OUT.toml (signed with your default key) and OUT.html. Needs `pip install 'capture[hf]'`.
+Writes OUT.toml (signed with your default key) and OUT.html. Needs `pip install 'capture-stack[hf]'`.
 """
 
 import sys

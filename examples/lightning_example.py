@@ -3,7 +3,7 @@
     python examples/lightning_example.py [OUT.toml [WORKDIR]]
     torchrun --nproc-per-node 2 examples/lightning_example.py run.toml work    # DDP: rank 0 writes one manifest
 
-Writes OUT.toml (signed with your default key) and OUT.html. Needs `pip install 'capture[lightning]'`.
+Writes OUT.toml (signed with your default key) and OUT.html. Needs `pip install 'capture-stack[lightning]'`.
 """
 
 import os

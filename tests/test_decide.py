@@ -23,6 +23,7 @@ from capture import manifest as mf
 from capture._cli import main
 from capture.decide.rank import decide, significant
 from capture.decide.runs import expand, open_all
+from capture.decide.text import COLUMNS
 from capture.fmt import number_str
 from capture.trial.fit import load_catalog
 from test_results_helpers import Signer
@@ -127,16 +128,20 @@ def test_groups_rank_and_leave_out_with_reasons(corpus):
     assert [Path(r.path).name for r in lora.runs] == ["lora.toml"]
     assert lora.left_out_reason == "not ranked against group 1 (a different run definition): method: lora vs full"
     ranked = full.ranked
+    # The CPU run is named after this machine's CPU, as the trial recorded it (catalogued or not).
+    device = bodies["cpu"]["trial"]["run"]["device_name"]
+    model = bodies["cpu"]["host"].get("cpu_model")
+    assert device == (f"CPU: {model}" if model else "CPU")
+    card = load_catalog().match(device)
+    cpu_label = f"{card.name if card else device} x1 single"
     # cheapest per million tokens first: two devices at efficiency 0.9 cost more per token than one
-    assert [c.label for c in ranked] == ["H200 141GB x1 single", "H200 141GB x2 ddp", "H200 141GB x2 fsdp",
-                                         "CPU: AMD EPYC x1 single"]
+    assert [c.label for c in ranked] == ["H200 141GB x1 single", "H200 141GB x2 ddp", "H200 141GB x2 fsdp", cpu_label]
     for c in full.configs:  # the unsigned and tampered copies are shown, never ranked
         if Path(c.run.path).name in ("unsigned.toml", "tampered.toml"):
             assert c.rank_cost is None and c.rank_time is None
             assert any(n.startswith("not ranked: signature ") for n in c.notes)
     by_time = sorted(ranked, key=lambda c: c.rank_time)  # ... but reach the target sooner
-    assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single",
-                                          "CPU: AMD EPYC x1 single"]
+    assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single", cpu_label]
 
 
 def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):
@@ -145,10 +150,12 @@ def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):
     cpu = next(c for c in groups[0].configs if Path(c.run.path).name == "cpu.toml")
     cost = bodies["cpu"]["trial"]["cost"]
     assert cpu.price.per_device_hour == 2.0 and cpu.price.source == "manifest (--price-per-hour)"
-    assert cpu.trial_cost_per_million_tokens == pytest.approx(cost["cost_per_million_trained_tokens"], rel=1e-12)
+    assert cpu.cost.trial_cost == pytest.approx(cost["trial_cost"], rel=1e-12)
+    assert cpu.cost.trial_cost_per_million_trained_tokens == pytest.approx(cost["cost_per_million_trained_tokens"],
+                                                                           rel=1e-12)
     assert cpu.tokens_per_s == bodies["cpu"]["trial"]["stats"]["tokens_per_s"]
     assert cpu.cost_to_target == pytest.approx(cpu.time_to_target_s / 3600 * 2.0)
-    assert cpu.cost_per_million_tokens == pytest.approx(cpu.cost_to_target / cpu.target_tokens * 1e6)
+    assert cpu.cost.steady_cost_per_million_tokens == pytest.approx(2.0 / 3600 / cpu.tokens_per_s * 1e6)
     ddp = next(c for c in groups[0].configs if c.strategy == "ddp" and c.trusted)
     assert ddp.count == 2 and ddp.efficiency == 0.9 and ddp.recovery == "bit-exact"
     assert ddp.cost_to_target == pytest.approx(ddp.time_to_target_s / 3600 * 3.0 * 2)  # two devices
@@ -168,7 +175,7 @@ def test_committed_h200_run_projects_as_the_trial_did():
     assert c.target_tokens == d["projection"]["target_tokens"] == 1_000_000_000
     assert c.time_to_target_s == pytest.approx(d["projection"]["total_s"], rel=1e-12)
     assert c.cost_to_target == pytest.approx(d["projection"]["cost"], rel=1e-12)
-    assert c.trial_cost_per_million_tokens == pytest.approx(d["cost_per_million_trained_tokens"], rel=1e-12)
+    assert c.cost.trial_cost_per_million_trained_tokens == pytest.approx(d["cost_per_million_trained_tokens"], rel=1e-12)
     assert c.tokens_per_s == runs[0].data["trial"]["stats"]["tokens_per_s"]
     assert c.rank_cost == 1
     untested = {u.name: u for u in group.untested}
@@ -219,7 +226,7 @@ def test_site_is_self_contained_and_matches_the_manifests(corpus, tmp_path, caps
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", index)
     for svg in re.findall(r"<svg.*?</svg>", index, re.S):
         ET.fromstring(svg)
-    for label in ("cost per million tokens, to the target", "measured tokens/s",
+    for label in ("projected cost to the target (USD)", "projected time to the target", "measured tokens/s",
                   "peak memory per device against the card&#x27;s capacity"):
         assert label in index
     assert "signature INVALID" in index and "NOT signed" in index and "malformed" in index
@@ -265,23 +272,18 @@ def test_site_in_a_real_headless_browser(corpus, tmp_path, capsys):
     first_table = dom.stdout.split('<table class="ranked">', 1)[1].split("</table>", 1)[0]
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", first_table, re.S)[1:]]
     strip = lambda cell: re.sub(r"<[^>]+>", "", cell)  # noqa: E731
-    assert [strip(r[2]) for r in rows] == [c.label for c in groups[0].configs]
+    col = COLUMNS.index
+    assert [strip(r[col("configuration")]) for r in rows] == [c.label for c in groups[0].configs]
+    assert [strip(r[col("run")]) for r in rows] == [c.run_id for c in groups[0].configs]
     assert [strip(r[0]) for r in rows] == [str(c.rank_cost) if c.rank_cost else "-" for c in groups[0].configs]
-    assert [strip(r[12]) for r in rows] == [c.run.file.state for c in groups[0].configs]
+    assert [strip(r[col("signature")]) for r in rows] == [c.run.file.state for c in groups[0].configs]
     cpu_row = next(r for r, c in zip(rows, groups[0].configs) if Path(c.run.path).name == "cpu.toml")
-    assert strip(cpu_row[3]) == number_str(corpus[2]["cpu"]["trial"]["stats"]["tokens_per_s"])  # the manifest's own
+    assert strip(cpu_row[col("tokens/s")]) == number_str(corpus[2]["cpu"]["trial"]["stats"]["tokens_per_s"])
     run_page = _chromium(tmp_path, "--dump-dom", next((site / "runs").iterdir()).as_uri())
     assert run_page.returncode == 0 and not _console_errors(run_page.stderr)
     assert 'aria-label="verdict"' in run_page.stdout
 
-    artifacts = ROOT / "out" / "ci-artifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / "decide-site.png"
-    done = _chromium(tmp_path, "--window-size=1366,900", "--hide-scrollbars", f"--screenshot={shot}",
-                     (site / "index.html").as_uri())
-    assert done.returncode == 0 and shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if os.environ.get("CAPTURE_UPDATE_SCREENSHOT"):  # how docs/img/decide-site.png was made
-        shutil.copyfile(shot, ROOT / "docs" / "img" / "decide-site.png")
+    # the layout at 1,280 px and the README's picture: tests/test_decide_site_layout.py
 
 
 def test_this_repositorys_own_manifests_render(tmp_path, capsys):
@@ -294,8 +296,10 @@ def test_this_repositorys_own_manifests_render(tmp_path, capsys):
     assert all(f["state"] == "ok" for f in doc["files"])  # signed by the project's trusted keys
     trials = [f for f in doc["files"] if f["kind"] == "trial"]
     assert sorted(p.stem for p in (site / "runs").iterdir()) == sorted(f["content_id"] for f in trials)
-    ranked = [c for g in doc["groups"] for c in g["configurations"] if c.get("rank_cost")]
+    ranked = [c for g in doc["groups"] for c in g["configurations"] if c.get("rank_cost") or c.get("rank_time")]
     assert len(ranked) == len(trials)  # every trusted trial with measured tokens/s is ranked in its group
+    unpriced = [c for g in doc["groups"] for c in g["configurations"] if "price_per_device_hour" not in c]
+    assert unpriced and all("rank_cost" not in c and "projected_cost" not in c for c in unpriced)  # no cost, no #cost
     index = (site / "index.html").read_text()
     for f in doc["files"]:
         assert f["path"] in index

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from capture.errors import UsageError
 from capture.image import FLAVOURS, REQUIRED_LABELS, build, locks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_hadolint_passes(flavour):
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("flavour", ["cpu", "cuda"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_base_is_pinned_by_tag_and_digest_and_labels_agree(flavour):
     text = _text(flavour)
     base = build.default_base(flavour, ROOT)
@@ -46,13 +47,34 @@ def test_base_is_pinned_by_tag_and_digest_and_labels_agree(flavour):
     assert build.split_ref(base) == (name, digest)
 
 
-def test_rocm_base_is_amds_pytorch_image_pinned_by_tag():
-    """rocm/pytorch by tag; its digest is taken from the pulled image at build time (docs/images.md)."""
-    text = _text("rocm")
-    base = build.default_base("rocm", ROOT)
-    assert re.fullmatch(r"rocm/pytorch:rocm[\d.]+_ubuntu24\.04_py3\.12_pytorch_release_[\d.]+(@sha256:[0-9a-f]{64})?", base)
-    assert f"ARG BASE_NAME={build.split_ref(base)[0]}\n" in text
-    assert text.count("FROM ${BASE_IMAGE} AS runtime") == 1
+def test_every_base_image_default_in_the_tree_carries_a_digest():
+    """Every Dockerfile under images/, the stand-in included: a default is NAME:TAG@sha256:<64 hex>
+    or absent (then the build must name the base)."""
+    files = sorted((ROOT / "images").rglob("*Dockerfile"))
+    assert {f.relative_to(ROOT).as_posix() for f in files} >= {f"images/{f}/Dockerfile" for f in FLAVOURS}
+    for path in files:
+        args = re.findall(r"^ARG BASE_IMAGE(?:=(\S*))?\s*$", path.read_text(), re.MULTILINE)
+        assert args, f"{path}: no ARG BASE_IMAGE"
+        for default in args:
+            assert default == "" or re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", default), (
+                f"{path}: ARG BASE_IMAGE={default} is not pinned by digest")
+
+
+def test_rocm_base_is_amds_pytorch_image_pinned_by_the_recorded_digest():
+    """The digest from a public deployment record of the tag (docs/images.md)."""
+    assert build.default_base("rocm", ROOT) == (
+        "rocm/pytorch:rocm7.2.4_ubuntu24.04_py3.12_pytorch_release_2.9.1"
+        "@sha256:7fe531fa185af260352fe7fbb3fa64ad749abe72adf0600a648c4692801b125a")
+
+
+@pytest.mark.parametrize("default", ["rocm/pytorch:rocm7.2.4_ubuntu24.04_py3.12_pytorch_release_2.9.1",
+                                     "python:3.11-slim@sha256:abc", "python:3.11-slim@sha512:" + "0" * 64])
+def test_build_refuses_a_dockerfile_whose_base_default_has_no_digest(tmp_path, default):
+    (tmp_path / "images" / "cpu").mkdir(parents=True)
+    (tmp_path / "images" / "cpu" / "Dockerfile").write_text(f"ARG BASE_IMAGE={default}\nFROM ${{BASE_IMAGE}} AS runtime\n")
+    with pytest.raises(UsageError, match=r"is not pinned by digest") as info:
+        build.default_base("cpu", tmp_path)
+    assert "@sha256:<64 hex>" in info.value.hint
 
 
 def test_bases_are_the_official_images():

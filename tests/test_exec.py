@@ -25,7 +25,8 @@ def test_failing_command_keeps_its_exit_status_and_its_failure_is_signed(tmp_pat
                  sys.executable, str(SCRIPTS / "exec_child.py"), str(out), "3", "--token", "hf_abcdefghijklmnopqrs"],
                 tmp_path, tmp_path)
     assert res.returncode == 3, res.stderr
-    assert res.stdout.splitlines() == ["side only: None", str(run)]  # the command's output, then capture's
+    assert res.stdout.splitlines() == ["side only: None"]  # the command's output only; capture's goes to stderr
+    assert f"capture: manifest {run}" in res.stderr.splitlines()
     verify(run, tmp_path, tmp_path)
     m = read_signed(run, tmp_path)
     e = m["exec"]

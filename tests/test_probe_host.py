@@ -17,7 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "host"
 
 
 def test_live_host_agrees_with_independent_sources() -> None:
-    info = host.probe(ProbeOptions())
+    info = host.probe(ProbeOptions(), root=Path("/"))  # "/" itself, whatever CAPTURE_HOST_ROOT says
     assert info.hostname == socket.gethostname()
     assert info.kernel == platform.release()
     assert info.arch == platform.machine()
@@ -89,3 +89,35 @@ def test_cpu_model_variants(text: str, model: str | None) -> None:
 @pytest.mark.parametrize(("text", "value"), [("MemTotal:  1024 kB\n", 1048576), ("MemFree: 1 kB\n", None), ("MemTotal: x kB\n", None)])
 def test_meminfo(text: str, value: int | None) -> None:
     assert host.parse_meminfo_total_bytes(text) == value
+
+
+def test_host_root_from_the_environment_feeds_the_probe_and_the_trials_device_name(tmp_path: Path, monkeypatch) -> None:
+    """CAPTURE_HOST_ROOT: every host fact read from files comes from that tree, and the trial's
+    CPU device name is the probe's cpu_model (one reader of /proc/cpuinfo)."""
+    from capture.recorder import device_name
+    from capture.trial.devmem import mem_total_bytes
+
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text("processor\t: 0\nmodel name\t: Example CPU 9000 @ 1.00GHz\n")
+    (tmp_path / "proc/meminfo").write_text("MemTotal:       2048 kB\n")
+    (tmp_path / "proc/sys/kernel/hostname").write_text("identity-test-host\n")
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("9.9.9-example\n")
+    (tmp_path / "etc/os-release").write_text('PRETTY_NAME="Example OS 1"\nID=example\nVERSION_ID="1"\n')
+    monkeypatch.setenv(host.ROOT_ENV, str(tmp_path))
+    info = host.probe(ProbeOptions())
+    assert (info.hostname, info.kernel, info.cpu_model, info.memory_total_bytes, info.os, info.os_id) == (
+        "identity-test-host", "9.9.9-example", "Example CPU 9000 @ 1.00GHz", 2048 * 1024, "Example OS 1", "example")
+    assert info.arch == platform.machine() and info.cpu_count == os.cpu_count()  # not file facts
+    assert device_name("cpu") == "CPU: Example CPU 9000 @ 1.00GHz"
+    assert mem_total_bytes() == 2048 * 1024
+    monkeypatch.delenv(host.ROOT_ENV)
+    assert host.probe(ProbeOptions()) == host.probe(ProbeOptions(), root=Path("/"))
+
+
+def test_empty_kernel_files_fall_back_to_uname(tmp_path: Path) -> None:
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/hostname").write_text("\n")
+    info = host.probe(ProbeOptions(), root=tmp_path)
+    assert info.hostname == socket.gethostname() and info.kernel == platform.release()
+    assert host.cpu_model(tmp_path) is None and host.memory_total_bytes(tmp_path) is None

@@ -26,7 +26,7 @@ def two_runs(tmp_path, keys):
     pkgs["numpy"] = {"version": "1.26.4", "source": "index"}
     pkgs["flash-attn"] = {"version": "2.7.4", "source": "index"}
     b["framework"]["version"] = "2.10.0+cu128"
-    b["nvidia"]["driver_version"] = "570.86.15"
+    b["nvidia"]["driver_version"] = b["accelerator"]["driver_version"] = "570.86.15"
     b["trial"]["stats"]["tokens_per_s"] = a["trial"]["stats"]["tokens_per_s"] * 0.88
     b["trial"]["stats"]["step_time_median_s"] = a["trial"]["stats"]["step_time_median_s"] / 0.88
     b["trial"]["recovery"]["verdict"] = "bit-exact"
@@ -35,26 +35,33 @@ def two_runs(tmp_path, keys):
     return tmp_path / "a.toml", tmp_path / "b.toml", trusted, gone, a
 
 
-def test_compare_names_stack_changes_then_figures(two_runs, capsys):
+def test_compare_names_figures_then_stack_changes(two_runs, capsys):
     pa, pb, trusted, gone, a = two_runs
     assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted)]) == 1
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert "signature valid, signer trusted by alice@lab" in lines[1]
-    assert "signer NOT trusted" in lines[3] and "mallory@elsewhere" in lines[3]
-    assert out.index("Stack:") < out.index("Trial figures")
-    assert any("framework.version" in line and "2.11.0+cu130" in line and "2.10.0+cu128" in line for line in lines)
-    assert any("nvidia.driver_version" in line and "570.86.15" in line for line in lines)
-    numpy_now = a["python"]["packages"]["numpy"]["version"]
-    assert any(line.split()[:4] == ["numpy", numpy_now, "->", "1.26.4"] for line in lines)
-    assert any(line.split()[:4] == ["flash-attn", "(absent)", "->", "2.7.4"] for line in lines)
-    assert any(line.split()[:1] == [gone] and line.rstrip().endswith("(absent)") for line in lines)
+    assert "signature valid, signer trusted by alice@lab" in lines[2]
+    assert "signer NOT trusted" in lines[5] and "mallory@elsewhere" in lines[5]
+    assert out.index("Trial figures") < out.index("Stack:")  # the figures first
+    assert any(line.split()[:3] == ["torch", "2.11.0+cu130", "2.10.0+cu128"] for line in lines)  # what matters
+    assert any(line.split()[:3] == ["driver", "580.159.04", "570.86.15"] for line in lines)
+    assert any("packages: 1 changed, 1 added, 1 removed" in line for line in lines)
+    assert any(line.split()[:4] == ["flash-attn", "(absent)", "->", "2.7.4"] for line in lines)  # a package that matters
+    assert not any(line.split()[:1] == ["numpy"] for line in lines)  # ... the rest are counted, --all lists them
+    assert "--all" in out and "--json" in out
     tok = next(line for line in lines if line.strip().startswith("tokens/s"))
     assert "64,113" in tok and "56,420" in tok and "-12.0%" in tok and tok.rstrip().endswith("worse")
     step = next(line for line in lines if line.strip().startswith("step time median"))
     assert "+13.6%" in step and step.rstrip().endswith("worse")
     rec = next(line for line in lines if line.strip().startswith("recovery"))
     assert "diverged at step 5" in rec and "bit-exact" in rec
+    # --all: every difference with its whole value
+    assert main(["compare", str(pa), str(pb), "--allowed-signers", str(trusted), "--all"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    numpy_now = a["python"]["packages"]["numpy"]["version"]
+    assert any(line.split() == ["numpy:", numpy_now, "->", "1.26.4"] for line in lines)
+    assert any(line.split()[:1] == [f"{gone}:"] and line.rstrip().endswith("(absent)") for line in lines)
+    assert any("framework.version: 2.11.0+cu130 -> 2.10.0+cu128" in line for line in lines)
 
 
 def test_compare_json(two_runs, capsys):

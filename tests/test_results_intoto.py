@@ -37,11 +37,11 @@ def _sslib_key(pem: bytes) -> SSlibKey:
 def test_envelope_verifies_with_securesystemslib(exported, keys):
     raw, out, pem = exported
     env = dsse.Envelope.from_dict(json.loads(out.read_text()))
+    # securesystemslib's standard path, as capture/results/intoto.py documents it: no keyid to set
     key = _sslib_key(pem.read_bytes())
-    # the keyid we write is the OpenSSH fingerprint, so tell the verifier which key that is
-    key = SSlibKey(keys["alice"].fingerprint, key.keytype, key.scheme, key.keyval)
     verified = env.verify([key], threshold=1)
-    assert keys["alice"].fingerprint in verified
+    assert list(verified) == [key.keyid] == [env.signatures[key.keyid].keyid]
+    assert key.keyid == intoto.keyid(intoto.load_public_key(keys["alice"].key))
     stmt = json.loads(env.payload)
     assert stmt["_type"] == "https://in-toto.io/Statement/v1"
     assert stmt["predicateType"] == intoto.PREDICATE_TYPE
@@ -58,13 +58,33 @@ def test_tampered_envelope_fails_in_securesystemslib(exported, keys):
     stmt = json.loads(base64.b64decode(doc["payload"]))
     stmt["predicate"]["trial"]["stats"]["tokens_per_s"] = 1e9
     doc["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
-    base = _sslib_key(pem.read_bytes())
-    key = SSlibKey(keys["alice"].fingerprint, base.keytype, base.scheme, base.keyval)
+    key = _sslib_key(pem.read_bytes())
     from securesystemslib.exceptions import VerificationError
     with pytest.raises(VerificationError):
         dsse.Envelope.from_dict(doc).verify([key], threshold=1)
     with pytest.raises(SignatureError):
         intoto.verify_envelope(doc, intoto.load_public_key(keys["alice"].key))
+
+
+def test_documented_example_runs(exported):
+    """The verification example in capture/results/intoto.py's docstring, run as written."""
+    import os
+    import re
+    import textwrap
+
+    raw, out, pem = exported
+    doc = intoto.__doc__ or ""
+    example = textwrap.dedent(doc.split("::", 1)[1].split("\n\n  The manifest", 1)[0]).strip("\n")
+    example = re.sub(r"  # .*", "", example)
+    cwd = os.getcwd()
+    os.chdir(out.parent)
+    try:
+        (out.parent / "key.pem").write_bytes(pem.read_bytes())
+        scope: dict = {"json": json}
+        exec(compile(example, "intoto-example", "exec"), scope)  # noqa: S102 - our own documentation
+    finally:
+        os.chdir(cwd)
+    assert scope["envelope"].verify([scope["key"]], threshold=1)
 
 
 def test_pae_matches_the_dsse_spec_example():

@@ -64,7 +64,8 @@ def test_pin_commits_manifest_and_index_row(repo, keys, tmp_path, capsys):
     assert row["tokens_per_s"] == pytest.approx(64113.23398891535)
     assert row["step_time_median_s"] == pytest.approx(0.2555478640000075)
     assert row["peak_memory_bytes"] == 51795329024 and row["peak_memory_source"] == "device_used"
-    assert row["recovery_verdict"] == "diverged at step 5" and row["cost_per_million_tokens"] == 0.17
+    assert row["recovery_verdict"] == "diverged at step 5" and row["costs"]["trial_cost"] == 0.595
+    assert row["costs"]["trial_cost_per_million_trained_tokens"] == pytest.approx(0.17)
     assert row["signer"] == "alice@lab" and row["signer_fingerprint"] == keys["alice"].fingerprint
     md = (repo / "index.md").read_text()
     assert f"[{cid}]({rel})" in md and "| 64,113 |" in md and "| alice@lab |" in md

@@ -60,7 +60,7 @@ BROKEN = [
     # (what to append / replace, expected message fragment naming the key)
     ("[trial.optimizer]\nlr = -1\n", r"trial\.optimizer\.lr: must be > 0, got -1"),
     ("[trial.optimizer]\nlearning_rate = 1e-3\n", r"trial\.optimizer\.learning_rate: unknown key \(did you mean lr\?\)"),
-    ("[trial.optimizer]\nname = \"adamx\"\n", r"trial\.optimizer\.name: must be one of adamw, adam, sgd, got 'adamx' \(did you mean 'adamw?'\?\)"),
+    ("[trial.optimizer]\nname = \"adamx\"\n", r"trial\.optimizer\.name: must be one of adamw, adam, sgd, adamw_8bit, paged_adamw_8bit, adafactor, got 'adamx' \(did you mean 'adamw?'\?\)"),
     ("[trial.optimizer]\nbetas = [0.9]\n", r"trial\.optimizer\.betas: must be two numbers"),
     ("[trial.optimizer]\nmomentum = 0.9\n", r"trial\.optimizer\.momentum: only used with name = \"sgd\""),
     ("[trial.optimizer]\nfused = \"yes\"\n", r"trial\.optimizer\.fused"),
@@ -110,7 +110,7 @@ def test_broken_config_names_the_key(extra, message):
     ("[trial.model]\nsource = \"hub\"\n", r"trial\.model\.repo_id: required when source = \"hub\""),
     ("[trial.model]\nsource = \"local\"\n", r"trial\.model\.path: required when source = \"local\""),
     ("[trial.model]\nsource = \"from_config\"\n", r"trial\.model\.architecture: required when source = \"from_config\""),
-    ("[trial.model]\narchitecture = \"lama\"\n", r"trial\.model\.architecture: must be one of gpt2, llama, got 'lama' \(did you mean 'llama'\?\)"),
+    ("[trial.model]\narchitecture = \"llama\"\nconfig_file = \"config.json\"\n", r"trial\.model\.architecture: give config_file or architecture, not both"),
     ("[trial.model]\nsource = \"hub\"\nrepo_id = \"gpt2\"\npath = \"x\"\n", r"trial\.model\.path: only used when source = \"local\""),
     ("[trial.model]\nsource = \"hub\"\nrepo_id = \"gpt2\"\n[trial.model.config]\nn_layer = 1\n", r"trial\.model\.config: only used when source = \"from_config\""),
     ("[trial]\nmodel = 3\n", r"trial\.model: must be a table, got an integer"),

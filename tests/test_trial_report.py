@@ -113,7 +113,7 @@ def test_terminal_summary_shows_every_stage():
     assert re.search(r"rng_cuda +yes +3 +-0\.0074", text)
     assert re.search(r"rng_python +no\b", text)
     assert re.search(r"scaler +not applicable", text)
-    assert "0.09236 for the whole trial" in text
+    assert re.search(r"0\.09236 \S+ for the whole trial", text)  # in the catalog's currency
     assert re.search(r"recovery +40\.00 s +42\.1 %", text)
     assert "\x1b" not in text
     assert max(len(line) for line in text.splitlines()) <= 120
@@ -330,7 +330,8 @@ def test_verdict_panel_comes_first():
     m = _manifest()
     m["preflight"], m["scaling"] = PREFLIGHT, SCALING
     panel = {v.label: v for v in report.verdict_panel(m, "signature valid, signer trusted by alice@lab")}
-    assert list(panel) == ["signature", "stack", "preflight", "fits", "recovery", "tokens/s", "MFU", "cost / M tokens",
+    assert list(panel) == ["signature", "stack", "preflight", "fits", "recovery", "tokens/s", "MFU", "trial cost",
+                           "cost per million tokens at steady state", "projected cost and time to the target",
                            "scaling"]
     assert panel["signature"].state == "ok" and panel["recovery"].state == "ok" and panel["preflight"].state == "warn"
     assert panel["fits"].value == "fits on H200 141GB, 65.6 % headroom"

@@ -268,12 +268,14 @@ def test_two_resumes_across_an_epoch_boundary_consume_the_uninterrupted_batches(
     assert again["restored_state_verdict"] == "all 7 components equal to what was saved"
     assert again["losses_resumed"] == table["losses_uninterrupted"][3:]
     assert again["param_hash_resumed"] == table["param_hash_uninterrupted"]
-    # the batch hash is the sha256 of the ids the loader hands out, reproducible outside capture
+    # the batch hash is the sha256 of the ids the loader hands out (dtype, shape, bytes), reproducible outside capture
     import hashlib
 
     wl = build_workload(cfg, CPU)
     wl.loader.load_state_dict(dict(wl.loader.state_dict(), epoch=0, index=26))
-    assert "sha256:" + hashlib.sha256(next(wl.loader).numpy().tobytes()).hexdigest() == ref[0][0]
+    ids = next(wl.loader).input_ids
+    assert "sha256:" + hashlib.sha256(f"{ids.dtype}{tuple(ids.shape)}".encode() + ids.numpy().tobytes()).hexdigest() \
+        == ref[0][0]
 
 
 def test_reloading_one_build_gives_what_a_fresh_build_per_restore_gives(full_run, tmp_path):
@@ -303,7 +305,7 @@ def _load_state_dict(self, state):
     self.seed = int(state.get("seed", self.seed))
 '''
 PATCH_LOADER = '''
-from capture.trial import workload as _w
+from capture.trial.build import data as _w
 
 _w.PackedLoader.state_dict = _state_dict
 _w.PackedLoader.load_state_dict = _load_state_dict
@@ -314,7 +316,7 @@ def test_a_loader_that_forgets_its_epoch_is_caught_by_the_batch_hashes(tmp_path,
     """Its state_dict restores to an equal state_dict, every hash of the restored state is equal,
     the first resume is bit-exact (the save was in epoch 0): only the second resume, after the
     epoch wrapped, trains on other batches. The batch hashes name the step."""
-    from capture.trial import workload
+    from capture.trial.build import data as workload
 
     _plant(tmp_path, monkeypatch, FORGETS_EPOCH + PATCH_LOADER)
     namespace: dict = {}

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from capture.commands.trial import parse_bytes
+from capture.costs import default_currency
 from capture.errors import ConfigError, UsageError
 from capture.trial.cost import PhaseTimer, Price, cost_table, project, resolve_price
 from capture.trial.devmem import DeviceMemory, NvmlReader, peak_rss_bytes, reset_peak_rss, rss_bytes
 from capture.trial.fit import Card, cards_fit, is_oom, load_catalog, oom_text
 from capture.trial.measure import StepClock, flops_per_token, mfu, percentile, summarize
-from capture.trial.memory import estimate, relative_error, shape_of
+from capture.trial.memory import relative_error
 from capture.trial.workload import count_params
 from fakes import H200, fake_pynvml_h200
 
@@ -85,58 +86,73 @@ def test_step_clock_measures_intervals_between_marks():
 # --------------------------------------------------------------------------- memory estimate
 
 
-def _meta_model(arch: str, **kw):
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _plan(model_toml: str, mb: int, seq: int, dtype: str = "bf16", autocast: bool = True, method: str = "full",
+          optimizer: str = "adamw", device: str = "cuda"):
+    from pathlib import Path
 
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **kw))
+    from capture.trial import memory
+    from capture.trial.config import parse
+
+    text = (f'[trial]\nmethod = "{method}"\n[trial.model]\n{model_toml}\n[trial.optimizer]\nname = "{optimizer}"\n'
+            f'[trial.precision]\ndtype = "{dtype}"\nautocast = {str(autocast).lower()}\n'
+            f'[trial.batch]\nmax_seq_len = {seq}\nmicro_batch_size = {mb}\n[trial.data]\nsource = "synthetic"\n')
+    return memory.plan_for(parse(text, "t.toml", Path("."), "t"), device)
 
 
-@pytest.mark.parametrize("name, arch, kw, mb, seq", [
-    ("llama_1b", "llama", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048), 8, 2048),
-    ("gpt2_124m", "gpt2", {}, 16, 1024),
+LLAMA_1B = ('architecture = "llama"\n[trial.model.config]\nhidden_size = 2048\nintermediate_size = 5632\n'
+            'num_hidden_layers = 16\nnum_attention_heads = 16\nnum_key_value_heads = 4\nvocab_size = 32000\n'
+            'max_position_embeddings = 2048')
+
+
+@pytest.mark.parametrize("name, model, mb, seq, alloc_tol, device_tol", [
+    ("llama_1b", LLAMA_1B, 8, 2048, 0.02, 0.05),
+    # GPT-2's Conv1D attention (views of one c_attn output) and its Python GELU are modelled less
+    # closely than the Llama family the grid targets (docs/trial.md, "Memory estimate")
+    ("gpt2_124m", 'architecture = "gpt2"', 16, 1024, 0.15, 0.20),
 ])
-def test_estimate_against_real_h200_measurements(name, arch, kw, mb, seq):
-    """The shapes probe.json trained on the H200 (bf16 autocast, AdamW): the allocator part of the
-    estimate lands within 15% of max_memory_allocated there, the total within 20% of NVML's figure."""
+def test_estimate_against_real_h200_measurements(name, model, mb, seq, alloc_tol, device_tol):
+    """The shapes probe.json trained on the H200 (bf16 autocast, fused AdamW): the replayed peak of
+    allocated tensors against max_memory_allocated there, the device total against NVML."""
+    from capture.trial import memory
+
     real = PROBE[name]
-    model = _meta_model(arch, **kw)
-    total, trainable = count_params(model)
-    assert total == real["params"]  # counted from the built model, as the trial does
-    est = estimate(shape=shape_of(model), params_total=total, params_trainable=trainable, weight_dtype="fp32",
-                   precision="bf16", autocast=True, optimizer="adamw", momentum=0.0, micro_batch=mb, seq_len=seq,
-                   device_type="cuda", framework_overhead_bytes=PROBE["ctx_overhead_bytes"],
-                   framework_overhead_source="CUDA context measured on the H200")
+    plan = _plan(model, mb, seq)
+    assert sum(p.numel for p in plan.params) == real["params"]  # counted from the model built on meta
+    est = memory.estimate_plan(plan, mb, PROBE["ctx_overhead_bytes"], "CUDA context measured on the H200")
     names = [t.name for t in est.terms]
-    assert names == ["weights", "gradients", "optimizer_state", "autocast_weight_copies", "activations", "logits",
-                     "framework_overhead"]
-    assert est.term("weights").bytes == total * 4 and est.term("optimizer_state").bytes == total * 8
-    assert est.term("framework_overhead").bytes == 650969088
+    assert names[:3] == ["weights", "optimizer_state", "gradients"] and "allocator_reserve" in names
+    assert est.term("weights").inputs["by_storage"]["fp32"]["bytes"] == real["params"] * 4
+    assert real["params"] * 8 <= est.term("optimizer_state").bytes < real["params"] * 8 + 2**20
+    assert est.term("cuda_context").bytes == 650969088
     assert est.total_bytes == sum(t.bytes for t in est.terms)
-    assert abs(relative_error(est.allocator_bytes, real["max_alloc"])) < 0.15
-    assert abs(relative_error(est.total_bytes, real["nvml_used"])) < 0.20
+    assert abs(relative_error(est.allocator_bytes, real["max_alloc"])) < alloc_tol
+    assert abs(relative_error(est.total_bytes, real["nvml_used"])) < device_tol
     table = est.to_manifest()
     assert table["activations"]["inputs"]["tokens"] == mb * seq and "formula" in table["logits"]
+    assert table["activations"]["inputs"]["saved_bytes_per_layer"] > 0
 
 
 def test_estimate_lora_and_pure_bf16_and_sgd_terms():
-    model = _meta_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=300)
-    shape = shape_of(model)
-    assert shape.gated_mlp and shape.kv_heads == 2 and shape.vocab == 300
-    common = dict(shape=shape, params_total=1000, micro_batch=2, seq_len=16, device_type="cpu",
-                  framework_overhead_bytes=None, framework_overhead_source="")
-    lora = estimate(params_trainable=10, weight_dtype="fp32", precision="fp32", autocast=False, optimizer="adamw",
-                    momentum=0.0, **common)
-    assert lora.term("gradients").bytes == 40 and lora.term("optimizer_state").bytes == 80
-    assert lora.term("autocast_weight_copies") is None and lora.term("framework_overhead") is None
-    assert lora.term("attention_scores") is not None  # CPU attention path keeps the scores
-    pure = estimate(params_trainable=1000, weight_dtype="bf16", precision="bf16", autocast=False, optimizer="sgd",
-                    momentum=0.0, **common)
-    assert pure.term("weights").bytes == 2000 and pure.term("optimizer_state").bytes == 0
-    assert estimate(params_trainable=1000, weight_dtype="fp32", precision="fp32", autocast=False, optimizer="sgd",
-                    momentum=0.9, **common).term("optimizer_state").bytes == 4000
+    from capture.trial import memory
+
+    tiny = ('architecture = "llama"\n[trial.model.config]\nhidden_size = 64\nintermediate_size = 128\n'
+            'num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\nvocab_size = 300')
+    lora = _plan(tiny, 2, 16, dtype="fp32", autocast=False, method="lora", device="cpu")
+    shape = lora.shape
+    assert shape.gated and shape.kv_heads == 2 and lora.vocab == 300
+    adapters = [p for p in lora.params if p.kind == "lora"]
+    trainable = sum(p.numel for p in lora.params if p.trainable)
+    assert adapters and trainable == sum(p.numel for p in adapters)
+    est = memory.estimate_plan(lora, 2)
+    assert est.term("optimizer_state").bytes == trainable * 8  # fp32 adapters, two moments
+    assert est.term("autocast_weight_copies").bytes == 0 and est.term("framework_overhead") is None
+    assert est.term("allocator_reserve") is None  # no caching allocator on a CPU
+    pure = _plan(tiny, 2, 16, dtype="bf16", autocast=False, optimizer="sgd", device="cpu")
+    weights = memory.estimate_plan(pure, 2).term("weights")
+    exact = sum(p.numel for p in pure.params) * 2
+    assert weights.inputs["by_storage"]["bf16"]["bytes"] == exact
+    assert exact <= weights.bytes < exact + 512 * len(pure.params)  # the allocator rounds each tensor to 512 B
+    assert memory.estimate_plan(pure, 2).term("optimizer_state").bytes == 0  # SGD without momentum
     assert relative_error(110, 100) == pytest.approx(0.1) and relative_error(1, None) is None
 
 
@@ -172,7 +188,7 @@ def test_projection_adds_validation_and_checkpoints_at_the_schedule():
 
 def test_price_comes_from_the_flag_before_the_catalog():
     card = Card("H200 141GB", "nvidia", "H200", 1, 1.0, price_per_hour=3.0, source="mine.toml")
-    assert resolve_price(5.0, card) == Price(5.0, "--price-per-hour")
+    assert resolve_price(5.0, card) == Price(5.0, "--price-per-hour", default_currency())
     assert resolve_price(None, card).per_hour == 3.0 and "mine.toml" in resolve_price(None, card).source
     assert resolve_price(None, None) is None
 

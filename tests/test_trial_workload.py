@@ -77,14 +77,16 @@ def test_train_step_pulls_grad_accum_micro_batches_and_counts_tokens():
     assert info["model"]["model_type"] == "gpt2" and info["optimizer"]["class"] == "torch.optim.AdamW"
     assert info["optimizer"]["fused"] is False  # fused only by default on CUDA
     assert info["data"]["tokenizer"].startswith("bytes") and info["data"]["train_sequences"] > 0
-    assert info["precision"]["weights_dtype"] == "float32"
+    assert info["precision"]["weights_dtype"] == "fp32"
 
 
 def test_packed_batches_are_full_length_real_text():
     w = build_workload(cfg(), CPU)
     batch = next(w.loader)
-    assert batch.shape == (3, 32) and batch.dtype == torch.long
-    text = bytes(int(t) for t in batch[0] if t != BYTE_EOT).decode("utf-8")
+    assert batch.shape == (3, 32) and batch.input_ids.dtype == torch.long
+    assert batch.tokens == 96 and batch.pad_tokens == 0 and batch.attention_mask is None
+    assert torch.equal(batch.labels, batch.input_ids)  # packed text: every token carries the loss
+    text = bytes(int(t) for t in batch.input_ids[0] if t != BYTE_EOT).decode("utf-8")
     assert text.replace("\n", " ").strip() and text in corpus_text().replace("\n\n", "\n")
     d = w.info["data"]
     assert d["tokens_total"] == d["train_tokens"] + d["val_sequences"] * 32 + d["dropped_tail_tokens"]
@@ -101,7 +103,7 @@ def test_loader_resumes_in_a_new_loader_across_epochs():
     fresh = build_workload(cfg(micro_batch_size=5), CPU)
     fresh.loader.load_state_dict(json.loads(json.dumps(state)))  # survives a trip through JSON
     got = [next(fresh.loader) for _ in range(3)]
-    assert all(torch.equal(x, y) for x, y in zip(expected, got))
+    assert all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(expected, got))
     assert fresh.loader.epoch >= 1
 
 
@@ -173,8 +175,8 @@ validation_fraction = 0.2
     w = build_workload(cfg(text), CPU)
     assert w.info["data"]["train_sequences"] == 8 and w.info["data"]["val_sequences"] == 2
     batch = next(w.loader)
-    assert int(batch.max()) < 500
-    assert torch.equal(batch, next(build_workload(cfg(text), CPU).loader))
+    assert int(batch.input_ids.max()) < 500
+    assert torch.equal(batch.input_ids, next(build_workload(cfg(text), CPU).loader).input_ids)
     assert isinstance(w.optimizer, torch.optim.SGD) and w.scaler is None
     assert w.train_step() > 0 and w.evaluate(1) > 0
 
@@ -215,7 +217,7 @@ def _as_hub_cache(cache: Path, kind: str, repo_id: str, files_from: Path, commit
 def test_model_and_dataset_from_a_real_hub_cache_layout(tmp_path, monkeypatch):
     cache = tmp_path / "hub"
     src = tmp_path / "src"
-    _save_tiny_model(src)
+    _save_tiny_model(src, with_tokenizer=True)  # a pretrained model is fed its own tokenizer's ids
     commit = "a" * 40
     _as_hub_cache(cache, "model", "someorg/tiny-gpt2", src, commit)
     data = tmp_path / "data"

@@ -178,16 +178,23 @@ def cmd_diff(args: argparse.Namespace) -> int:
         Policy.load(args.policy, args.strict) if args.policy else Policy.default(args.strict))
     a = open_manifest(args.a, require_trusted=False)
     b = open_manifest(args.b, require_trusted=False)
+    from capture.results.summary import exec_record
+
     diffs, compared = compare_manifests(a.data, b.data, policy)
+    commands = {"a": exec_record(a.data), "b": exec_record(b.data)}
     if args.json:
         sys.stdout.write(json.dumps({
             "a": args.a, "b": args.b, "compared": compared, "policy": policy.source,
             "signatures": {"a": a.signature.to_json(), "b": b.signature.to_json()},
+            "exec": {k: e.to_json() for k, e in commands.items() if e is not None},
             "differences": [d.to_json("a", "b") for d in diffs],
         }, indent=2, default=str) + "\n")
     else:
         for label, opened in (("A", a), ("B", b)):
             sys.stdout.write(f"{label}: {printable(opened.path)} — {opened.signature.label}\n")
+            e = commands[label.lower()]
+            if e is not None:  # what capture exec ran: a failed command reads FAILED
+                sys.stdout.write(f"   command {printable(e.line())}; outputs: {printable(e.outputs_text())}\n")
         if diffs:
             sys.stdout.write(f"{len(diffs)} of {compared} compared fields differ:\n")
             sys.stdout.writelines(f"  {printable(d.line('A', 'B'))}\n" for d in diffs)

@@ -17,9 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price", action="append", default=[], metavar="CARD=PRICE",
                    help="price per device and hour for a card (catalog name or part of the device name); repeatable")
     p.add_argument("--catalog", metavar="F", help="accelerator catalog over the shipped one (memory, price_per_hour)")
+    from capture.costs import parse_positive, parse_tokens
+
     target = p.add_mutually_exclusive_group()
-    target.add_argument("--target-tokens", type=int, metavar="N", help="tokens to train (default: 1e9)")
-    target.add_argument("--target-epochs", type=float, metavar="N", help="epochs of each run's training data")
+    target.add_argument("--target-tokens", type=parse_tokens, metavar="N",
+                        help="the one target every configuration is projected and ranked to, in tokens "
+                             "(1e9, 2e9 or 2000000000; default 1e9)")
+    target.add_argument("--target-epochs", type=parse_positive, metavar="N", help="epochs of each run's training data")
+    p.add_argument("--currency", metavar="NAME",
+                   help="the currency of the decision and of --price (default: the catalog's, USD as shipped)")
+    p.add_argument("--wide", action="store_true", help="print every column, whatever the terminal's width")
     p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file (default: the usual search)")
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     p.add_argument("-o", "--output", metavar="SITE_DIR", help="also write the static site into this folder")
@@ -34,31 +41,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    try:
-        import rich  # noqa: F401  (the tables and the report are rendered with it)
-    except ModuleNotFoundError:
-        raise UsageError("capture decide needs rich", "install capture with its trial extra (capture[trial])") from None
     from capture.decide import rank, runs, site, text
     from capture.trial.fit import load_catalog
 
-    if args.target_tokens is not None and args.target_tokens <= 0:
-        raise UsageError("--target-tokens: must be > 0", "e.g. --target-tokens 2000000000")
-    if args.target_epochs is not None and args.target_epochs <= 0:
-        raise UsageError("--target-epochs: must be > 0", "e.g. --target-epochs 3")
+    if args.currency is not None and not args.currency.strip():
+        raise UsageError("--currency: empty", "e.g. --currency EUR")
     if args.allowed_signers is not None and not os.path.isfile(args.allowed_signers):
         raise UsageError(f"--allowed-signers: {args.allowed_signers} is not a file",
                          "name an allowed-signers file, or leave the flag out for the usual search")
     prices = rank.parse_prices(args.price)
     catalog = load_catalog(args.catalog)
     found, files = runs.open_all(runs.expand(args.inputs), trust=args.allowed_signers)
-    groups = rank.decide(found, catalog, prices, args.target_tokens, args.target_epochs)
+    currency = args.currency.strip() if args.currency else catalog.currency
+    groups = rank.decide(found, catalog, prices, args.target_tokens, args.target_epochs, currency)
     if args.output:
-        index = site.write_site(args.output, groups, files, found)
+        index = site.write_site(args.output, groups, files, found, currency)
         sys.stderr.write(f"capture: site {index}\n")
     if args.json:
-        sys.stdout.write(json.dumps(text.to_json(groups, files), indent=1) + "\n")
+        sys.stdout.write(json.dumps(text.to_json(groups, files, currency), indent=1) + "\n")
     else:
-        sys.stdout.write(text.render(groups, files))
+        sys.stdout.write(text.render(groups, files, wide=args.wide, currency=currency))
     return EXIT_OK
 
 

@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "exec", help="fingerprint, run a command unchanged, record its exit status, time and outputs, sign",
         description="Run CMD unchanged (signals forwarded, exit status passed through) and write a signed "
                     "manifest: the stack before, the command line (credentials redacted), exit status, wall time, "
-                    "the hashes of --output paths, and the figures of a capture.Recorder inside CMD.")
+                    "the hashes of --output paths, and the figures of a capture.Recorder inside CMD. CMD's stdout "
+                    "and stderr pass through unchanged; capture's own messages, and the manifest's path, go to "
+                    "stderr.")
     p.add_argument("-o", "--manifest", dest="manifest", metavar="FILE",
                    help="write the signed manifest here (default: ./exec-<UTC time>.toml)")
     p.add_argument("--output", action="append", default=[], metavar="PATH",
@@ -34,7 +36,7 @@ def cmd_exec(ns: argparse.Namespace) -> int:
     if not argv:
         raise UsageError("exec: no command given", "put the command after `--`: capture exec -o run.toml -- python train.py")
     result = run_exec(argv, ns.manifest, ns.output, ns.key, ns.principal, report=not ns.no_report)
-    if result.manifest_path is not None:
-        print(result.manifest_path)
-        sys.stdout.flush()
+    if result.manifest_path is not None:  # stderr: stdout carries the command's own output, unchanged
+        sys.stderr.write(f"capture: manifest {result.manifest_path}\n")
+        sys.stderr.flush()
     return result.exit_code

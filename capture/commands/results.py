@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", metavar="B")
     p.add_argument("--allowed-signers", metavar="F", help="allowed-signers file for the trust header")
     p.add_argument("--allow-unsigned", action="store_true", help=_ALLOW_UNSIGNED)
+    p.add_argument("--all", dest="everything", action="store_true",
+                   help="list every stack difference and package with its whole value (default: a summary)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_compare)
 
@@ -93,7 +95,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(c.to_json(), indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(render(c) + "\n")
+        sys.stdout.write(render(c, everything=args.everything) + "\n")
     refused = _unattested([(c.a.path, c.a.signature), (c.b.path, c.b.signature)], args.allow_unsigned)
     if refused is not None:
         return refused

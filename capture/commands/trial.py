@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from capture.errors import UsageError
 
@@ -65,9 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--catalog", metavar="FILE", help="accelerator catalog overriding the shipped one")
     g = p.add_argument_group("cost")
     g.add_argument("--price-per-hour", type=float, metavar="P", help="price of the device per hour (default: the catalog's, if any)")
+    from capture.costs import parse_positive, parse_tokens
+
     t = g.add_mutually_exclusive_group()
-    t.add_argument("--target-tokens", type=int, metavar="N", help="project the full run to N trained tokens")
-    t.add_argument("--target-epochs", type=float, metavar="N", help="project the full run to N epochs of the data set")
+    t.add_argument("--target-tokens", type=parse_tokens, metavar="N",
+                   help="project the full run to N trained tokens (1e9, 2e9 or 2000000000)")
+    t.add_argument("--target-epochs", type=parse_positive, metavar="N", help="project the full run to N epochs of the data set")
     g = p.add_argument_group("environment")
     g.add_argument("--workdir", metavar="DIR", help="scratch folder for checkpoints (default: a temporary folder beside the output)")
     g.add_argument("--hf-cache", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
@@ -77,6 +81,59 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_scaling_arguments(p)
     p.set_defaults(func=cmd_trial)
+
+    p = sub.add_parser("estimate", help="the trial's memory estimate for a config, per term and per card, without a GPU",
+                       description="Build the model on the meta device from its config (no weights, no GPU), replay the "
+                                   "run's allocations and set the device total against the accelerator catalog.")
+    p.add_argument("config", nargs="?", metavar="CONFIG.toml", help="the trial config (see docs/trial.md)")
+    p.add_argument("--example", metavar="NAME", help="a shipped example instead")
+    p.add_argument("--card", action="append", default=[], metavar="NAME", help="only this catalog card (repeatable)")
+    p.add_argument("--micro-batch", type=int, metavar="N", help="micro-batch size (default: the config's)")
+    p.add_argument("--headroom", type=float, default=0.10, metavar="F", help="share of memory to keep free (default 0.10)")
+    p.add_argument("--max-batch", type=int, default=1024, metavar="N", help="largest micro-batch to consider (default 1024)")
+    p.add_argument("--catalog", metavar="FILE", help="accelerator catalog overriding the shipped one")
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    p.set_defaults(func=cmd_estimate)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from capture.trial.config import load_config, load_example
+
+    if bool(args.config) == bool(args.example):
+        raise UsageError("give a config file or --example NAME (one of them)",
+                         "e.g. `capture trial --example tiny` or `capture trial my-trial.toml`")
+    return load_example(args.example) if args.example else load_config(args.config)
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    import json
+
+    if not 0 <= args.headroom < 1:
+        raise UsageError(f"--headroom: must be in [0, 1), got {args.headroom:g}", "e.g. --headroom 0.1 keeps 10% free")
+    for flag, value in (("--micro-batch", args.micro_batch), ("--max-batch", args.max_batch)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: must be >= 1, got {value}")
+    config = _load(args)
+    from capture.trial.build.model import preflight
+    from capture.trial.estimate import card_fits, estimate_config, render_text, to_json
+    from capture.trial.fit import load_catalog
+
+    catalog = load_catalog(args.catalog)
+    unknown = [c for c in args.card if catalog.get(c) is None]
+    if unknown:
+        raise UsageError(f"--card: {unknown[0]!r} is not in the catalog",
+                         "catalog cards: " + ", ".join(c.name for c in catalog.cards))
+    preflight(config)
+    mb = args.micro_batch or config.batch.micro_batch_size
+    plan, est = estimate_config(config, "cuda", mb)
+    fits = card_fits(plan, catalog, args.card or None, args.headroom, mb, args.max_batch)
+    if args.json:
+        sys.stdout.write(json.dumps(to_json(config, plan, est, fits, mb, args.headroom), indent=1) + "\n")
+    else:
+        import shutil
+
+        sys.stdout.write(render_text(config, plan, est, fits, mb, args.headroom, shutil.get_terminal_size((100, 24)).columns))
+    return 0
 
 
 def cmd_trial(args: argparse.Namespace) -> int:

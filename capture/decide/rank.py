@@ -2,9 +2,10 @@
 
 A configuration is a card × count × strategy that a trial measured: the single-device run itself
 (``single``) and, where the manifest holds ``[scaling]``, each strategy at the world size. Its
-figures are the manifest's own; cost and time to a target are computed here from those figures
-and a price with its source, the same way ``capture trial`` projects (:func:`capture.trial.cost.project`).
-Untested cards get no speed figures (settled decision 5): a memory fit at most, marked estimate.
+figures are the manifest's own; the three cost figures come from :mod:`capture.costs` (the one cost
+vocabulary) at a price with its source and at ONE target for the whole decision: a manifest's
+own recorded projection is never mixed in. Untested cards get no speed figures (settled decision
+5): a memory fit at most, marked estimate.
 """
 
 from __future__ import annotations
@@ -13,24 +14,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from capture import costs
+from capture.costs import CostFigures, Price, Target
 from capture.decide.runs import Run, RunDefinition
 from capture.errors import UsageError
-from capture.results.compare import HIGH_CV, significant
+from capture.results.compare import significant
 from capture.results.summary import dig
-from capture.trial.cost import project
 from capture.trial.fit import Catalog
+from capture.trial.report.checks import HIGH_CV
 
-DEFAULT_TARGET_TOKENS = 1_000_000_000
+DEFAULT_TARGET_TOKENS = costs.DEFAULT_TARGET_TOKENS
+MAX_REASONS = 6
+"""Differences named in a group's left-out reason (``--json`` has every setting)."""
 
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-@dataclass(frozen=True)
-class Price:
-    per_device_hour: float
-    source: str
 
 
 def parse_prices(items: Sequence[str]) -> dict[str, float]:
@@ -42,7 +41,7 @@ def parse_prices(items: Sequence[str]) -> dict[str, float]:
             value = float(price)
         except ValueError:
             value = -1.0
-        if not sep or not card.strip() or value <= 0:
+        if not sep or not card.strip() or not value > 0 or value == float("inf"):
             raise UsageError(f"--price {item}: expected CARD=PRICE with a positive price per device and hour",
                              "e.g. --price H200=3.50 --price 'A100 80GB SXM=1.80'")
         out[card.strip()] = value
@@ -50,20 +49,17 @@ def parse_prices(items: Sequence[str]) -> dict[str, float]:
 
 
 def resolve_price(device_name: str, catalog: Catalog, prices: Mapping[str, float],
-                  data: Mapping[str, Any]) -> Price | None:
-    """``--price`` first (the flag's CARD matched as the catalog does, or as a substring), then the
-    catalog file's price, then the manifest's own."""
+                  data: Mapping[str, Any], currency: str) -> Price | None:
+    """``--price`` first (the flag's CARD matched as the catalog does, or as a substring; in the
+    decision's currency), then the catalog file's price (in its currency), then the manifest's own."""
     card = catalog.match(device_name)
     for name, value in prices.items():
         if (card is not None and name.lower() == card.name.lower()) or name.lower() in device_name.lower() \
                 or (card is not None and name.lower() in card.name.lower()):
-            return Price(value, f"--price {name}={value:g}")
+            return Price(value, f"--price {name}={value:g}", currency)
     if card is not None and card.price_per_hour:
-        return Price(card.price_per_hour, f"catalog ({card.source}): {card.name}")
-    own = _num(dig(data, "trial.cost.price_per_hour"))
-    if own:
-        return Price(own, f"manifest ({dig(data, 'trial.cost.price_source') or 'recorded price'})")
-    return None
+        return Price(card.price_per_hour, f"catalog ({card.source}): {card.name}", card.currency)
+    return costs.manifest_price(data, catalog.currency)
 
 
 @dataclass(frozen=True)
@@ -83,14 +79,8 @@ class Config:
     memory_per_device_bytes: float | None
     recovery: str | None
     preflight: str | None
-    price: Price | None
-    target_tokens: int
-    target_source: str
-    time_to_target_s: float | None
-    cost_to_target: float | None
-    cost_per_million_tokens: float | None
-    trial_cost_per_million_tokens: float | None
-    """The whole trial's cost / its trained tokens (guide point 8), single-device only."""
+    cost: CostFigures
+    """The three cost figures (:mod:`capture.costs`) at the decision's price, currency and target."""
     notes: tuple[str, ...] = ()
     rank_cost: int | None = None
     rank_time: int | None = None
@@ -99,6 +89,30 @@ class Config:
     @property
     def label(self) -> str:
         return f"{self.card} x{self.count} {self.strategy}"
+
+    @property
+    def run_id(self) -> str:
+        return self.run.slug
+
+    @property
+    def price(self) -> Price | None:
+        return self.cost.price
+
+    @property
+    def target(self) -> Target:
+        return self.cost.target
+
+    @property
+    def target_tokens(self) -> int:
+        return self.cost.target.tokens
+
+    @property
+    def time_to_target_s(self) -> float | None:
+        return self.cost.projected_time_s
+
+    @property
+    def cost_to_target(self) -> float | None:
+        return self.cost.projected_cost
 
     @property
     def headroom_fraction(self) -> float | None:
@@ -111,77 +125,69 @@ class Config:
         return self.run.trusted
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("run", "price") and v is not None}
-        out.update(path=self.run.path, signature=self.run.file.state, label=self.label,
+        skip = ("run", "cost")
+        out = {k: v for k, v in self.__dict__.items() if k not in skip and v is not None}
+        out.update(path=self.run.path, run_id=self.run_id, signature=self.run.file.state, label=self.label,
                    headroom_fraction=self.headroom_fraction, notes=list(self.notes))
-        if self.price:
-            out.update(price_per_device_hour=self.price.per_device_hour, price_source=self.price.source)
+        out.update(self.cost.to_json())
         return {k: v for k, v in out.items() if v is not None}
 
 
-def _target(run: Run, target_tokens: int | None, target_epochs: float | None) -> tuple[int, str]:
+def target_for(run: Run, target_tokens: int | None, target_epochs: float | None) -> Target | None:
+    """The decision's one target for this run: ``--target-tokens``, ``--target-epochs`` × the run's
+    training tokens (None when it recorded none), else the default."""
     if target_tokens:
-        return int(target_tokens), "--target-tokens"
-    train = dig(run.data, "trial.run.data.train_tokens")
-    if target_epochs and isinstance(train, int) and train > 0:
-        return int(target_epochs * train), f"--target-epochs {target_epochs:g} x {train:,} training tokens"
-    own = dig(run.data, "trial.cost.projection.target_tokens")
-    if isinstance(own, int) and own > 0 and not target_epochs:
-        return own, "the manifest's own target"
-    return DEFAULT_TARGET_TOKENS, "the default; set --target-tokens"
-
-
-def _projection(run: Run, target: int, source: str, tokens_per_step: float | None, step_mean_s: float | None):
-    if not tokens_per_step or not step_mean_s:
-        return None
-    d = run.data
-    phases = dig(d, "trial.cost.phases") or {}
-    fixed = sum(_num(phases.get(k)) or 0.0 for k in ("import_framework_s", "device_context_s", "load_s")) \
-        if isinstance(phases, Mapping) else 0.0
-    val_every = dig(d, "trial.run.validation_schedule.every_steps") or dig(d, "trial.validation.every_steps") or 0
-    ckpt_every = dig(d, "trial.run.checkpoint_schedule.every_steps") or dig(d, "trial.checkpoint.every_steps") or 0
-    val_s = _num(dig(d, "trial.validation.duration_s"))
-    ckpt_s = _num(dig(d, "trial.checkpoint.duration_s"))
-    return project(target, source, int(tokens_per_step), step_mean_s, val_s, int(val_every) or 1 << 62,
-                   ckpt_s, int(ckpt_every), fixed)
+        return Target(int(target_tokens), "--target-tokens")
+    if target_epochs:
+        train = dig(run.data, "trial.run.data.train_tokens")
+        if not isinstance(train, int) or train <= 0:
+            return None
+        return Target(int(target_epochs * train), f"--target-epochs {target_epochs:g} x {train:,} training tokens")
+    return costs.default_target()
 
 
 def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
-               target_epochs: float | None = None) -> list[Config]:
+               target_epochs: float | None = None, currency: str | None = None) -> list[Config]:
     d = run.data
+    currency = currency or catalog.currency
     device = str(dig(d, "trial.run.device_name") or dig(d, "accelerator.model") or "unknown device")
     card_entry = catalog.match(device)
     card = card_entry.name if card_entry else device
     count_dev = dig(d, "accelerator.count")
-    price = resolve_price(device, catalog, prices, d)
-    target, source = _target(run, target_tokens, target_epochs)
+    price = resolve_price(device, catalog, prices, d, currency)
+    target = target_for(run, target_tokens, target_epochs)
     mem_dev = _num(dig(d, "accelerator.memory_per_device_bytes")) or _num(dig(d, "trial.memory.measured.device_total_bytes"))
     preflight = dig(d, "preflight.verdict")
     out: list[Config] = []
 
     def make(strategy: str, count: int, tps: float | None, median: float | None, cv: float | None,
              eff: float | None, peak: float | None, recovery: str | None, tokens_per_step: float | None,
-             step_mean: float | None, trial_cpm: float | None, notes: list[str]) -> Config:
-        proj = _projection(run, target, source, tokens_per_step, step_mean)
-        total_s = proj.total_s if proj else None
-        cost = total_s / 3600 * price.per_device_hour * count if (total_s is not None and price) else None
+             step_mean: float | None, notes: list[str]) -> Config:
+        figs = costs.figures(d, price=price, currency=currency, target=target or costs.default_target(),
+                             devices=count, tokens_per_s=tps, tokens_per_step=tokens_per_step,
+                             step_time_mean_s=step_mean)
+        if target is None:
+            notes.append("not projected: --target-epochs needs the run's training tokens (trial.run.data.train_tokens)")
+            figs = costs.CostFigures(figs.currency, figs.price, figs.devices, figs.tokens_per_s, figs.trial_cost,
+                                     figs.trial_wall_s, figs.trained_tokens, figs.steady_cost_per_million_tokens,
+                                     figs.target, None, None, figs.note)
+        if figs.price is None and figs.note and tps is not None:
+            notes.append(figs.note)
         if cv is not None and cv > HIGH_CV:
             notes.append(f"noisy: step-time CV {cv * 100:.1f} % (above {HIGH_CV * 100:.0f} %)")
         if not run.trusted:
             notes.append(f"not ranked: signature {run.file.state}")
+        if run.command is not None and run.command.failed:
+            notes.append(f"not ranked: the command {run.command.status}")
         if tps is None:
             notes.append("not ranked: no measured tokens/s")
         return Config(run, card, count, strategy, tps, median, cv, eff, peak, mem_dev, recovery,
-                      str(preflight) if preflight else None, price, target, source, total_s, cost,
-                      cost / target * 1e6 if cost is not None else None, trial_cpm, tuple(notes))
+                      str(preflight) if preflight else None, figs, tuple(notes))
 
     stats = dig(d, "trial.stats") or {}
-    tps = _num(stats.get("tokens_per_s")) if isinstance(stats, Mapping) else None
-    wall = _num(dig(d, "trial.cost.wall_total_s"))
-    trained = _num(dig(d, "trial.cost.trained_tokens"))
-    count1 = 1
-    trial_cpm = (wall / 3600 * price.per_device_hour * count1 / (trained / 1e6)
-                 if wall and trained and price else None)
+    if not isinstance(stats, Mapping):
+        stats = {}
+    tps = _num(stats.get("tokens_per_s"))
     peak = _num(dig(d, "trial.fit.measured_bytes")) or _num(dig(d, "trial.memory.measured.device_used_bytes")) \
         or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))
     notes: list[str] = []
@@ -189,12 +195,11 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
         notes.append(f"single-device run on a machine with {count_dev} devices")
     if dig(d, "trial.fit.fits") is False:
         notes.append("does not fit: " + str(dig(d, "trial.fit.verdict") or "out of memory"))
-    out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")) if isinstance(stats, Mapping) else None,
-                    _num(stats.get("step_time_cv")) if isinstance(stats, Mapping) else None, 1.0 if tps else None, peak,
-                    dig(d, "trial.recovery.verdict") or (f"skipped: {dig(d, 'trial.recovery.skipped')}"
-                                                        if dig(d, "trial.recovery.skipped") else None),
-                    _num(stats.get("tokens_per_step")) if isinstance(stats, Mapping) else None,
-                    _num(stats.get("step_time_mean_s")) if isinstance(stats, Mapping) else None, trial_cpm, notes))
+    recovery = dig(d, "trial.recovery.verdict") or (f"skipped: {dig(d, 'trial.recovery.skipped')}"
+                                                   if dig(d, "trial.recovery.skipped") else None)
+    out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")), _num(stats.get("step_time_cv")),
+                    1.0 if tps else None, peak, recovery, _num(stats.get("tokens_per_step")),
+                    _num(stats.get("step_time_mean_s")), notes))
     scaling = d.get("scaling") if isinstance(d.get("scaling"), Mapping) else {}
     world = scaling.get("world_size")
     for strategy in ("ddp", "fsdp"):
@@ -206,7 +211,7 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
         rec = s.get("recovery") if isinstance(s.get("recovery"), Mapping) else {}
         out.append(make(strategy, world, stps, _num(s.get("step_time_median_s")), _num(s.get("step_time_cv")),
                         _num(s.get("efficiency")), _num(s.get("peak_memory_per_rank_bytes")),
-                        rec.get("verdict"), per_step, per_step / stps if per_step and stps else None, None,
+                        rec.get("verdict"), per_step, per_step / stps if per_step and stps else None,
                         ["fixed costs, validation and checkpoint times taken from the single-device run"]))
     return out
 
@@ -230,30 +235,42 @@ class Group:
 
     @property
     def ranked(self) -> list[Config]:
-        return [c for c in self.configs if c.rank_cost is not None]
+        return [c for c in self.configs if c.rank_cost is not None or c.rank_time is not None]
+
+    @property
+    def cheapest(self) -> Config | None:
+        return next((c for c in self.configs if c.rank_cost == 1), None)
+
+    @property
+    def fastest(self) -> Config | None:
+        return next((c for c in self.configs if c.rank_time == 1), None)
 
 
 def _rank(configs: list[Config]) -> list[Config]:
+    """#cost: by projected cost to the target (priced configurations only); #time: by projected
+    time to the target. Only trusted configurations with measured tokens/s are ranked."""
     from dataclasses import replace
 
-    ok = [c for c in configs if c.trusted and c.tokens_per_s]
-    by_cost = sorted(ok, key=lambda c: (c.cost_per_million_tokens is None, c.cost_per_million_tokens or 0,
-                                        c.time_to_target_s or 0))
-    by_time = sorted(ok, key=lambda c: (c.time_to_target_s is None, c.time_to_target_s or 0))
+    ok = [c for c in configs if c.trusted and c.tokens_per_s and not (c.run.command and c.run.command.failed)]
+    by_cost = sorted((c for c in ok if c.cost_to_target is not None),
+                     key=lambda c: (c.cost_to_target, c.time_to_target_s or 0))
+    by_time = sorted((c for c in ok if c.time_to_target_s is not None), key=lambda c: c.time_to_target_s or 0.0)
     rank_cost = {id(c): i + 1 for i, c in enumerate(by_cost)}
     rank_time = {id(c): i + 1 for i, c in enumerate(by_time)}
-    best = by_cost[0] if by_cost else None
+    best = by_cost[0] if by_cost else by_time[0] if by_time else None
     out = []
     for c in configs:
-        if id(c) not in rank_cost:
+        if id(c) not in rank_cost and id(c) not in rank_time:
             out.append(c)
             continue
         noise = None
         if best is not None and c is not best:
             sig = significant(best.tokens_per_s, c.tokens_per_s, best.step_time_cv, c.step_time_cv)
             noise = None if sig is None else not sig
-        out.append(replace(c, rank_cost=rank_cost[id(c)], rank_time=rank_time[id(c)], within_noise_of_best=noise))
-    return sorted(out, key=lambda c: (c.rank_cost is None, c.rank_cost or 0, c.run.created_utc))
+        out.append(replace(c, rank_cost=rank_cost.get(id(c)), rank_time=rank_time.get(id(c)),
+                           within_noise_of_best=noise))
+    return sorted(out, key=lambda c: (c.rank_cost is None, c.rank_cost or 0, c.rank_time is None, c.rank_time or 0,
+                                      c.run.created_utc))
 
 
 def untested_cards(configs: list[Config], catalog: Catalog, headroom: float = 0.10) -> list[UntestedCard]:
@@ -274,21 +291,25 @@ def untested_cards(configs: list[Config], catalog: Catalog, headroom: float = 0.
 
 
 def decide(runs: list[Run], catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
-           target_epochs: float | None = None) -> list[Group]:
-    """Group by run definition (largest group first), rank each group's configurations."""
+           target_epochs: float | None = None, currency: str | None = None) -> list[Group]:
+    """Group by run definition (largest group first), rank each group's configurations against
+    one target (``target_tokens``, ``target_epochs`` of each run's data, else the default) in one
+    currency (``currency``, else the catalog's)."""
     by_def: dict[RunDefinition, list[Run]] = {}
     for r in sorted(runs, key=lambda r: (r.created_utc, r.path)):
         by_def.setdefault(r.definition, []).append(r)
     groups = sorted((Group(k, v) for k, v in by_def.items()),
                     key=lambda g: (-sum(r.trusted for r in g.runs), -len(g.runs), g.runs[0].created_utc))
     for g in groups:
-        configs = [c for r in g.runs for c in configs_of(r, catalog, prices, target_tokens, target_epochs)]
+        configs = [c for r in g.runs for c in configs_of(r, catalog, prices, target_tokens, target_epochs, currency)]
         g.configs = _rank(configs)
         g.untested = untested_cards(g.configs, catalog)
     if groups:
         first = groups[0].definition
         for g in groups[1:]:
-            g.left_out_reason = ("not ranked against group 1 (a different run definition): "
-                                 + "; ".join(g.definition.differences(first)))
+            diffs = g.definition.differences(first)
+            shown = diffs[:MAX_REASONS] + ([f"{len(diffs) - MAX_REASONS} more settings (--json lists them)"]
+                                           if len(diffs) > MAX_REASONS else [])
+            g.left_out_reason = "not ranked against group 1 (a different run definition): " + "; ".join(shown)
     return groups
 

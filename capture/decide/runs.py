@@ -8,6 +8,7 @@ kept and shown as such, but never ranked as trusted (:mod:`capture.decide.rank`)
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,36 +16,77 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import EXIT_MALFORMED, EXIT_USAGE, CaptureError, UsageError
-from capture.results.summary import content_id, dig
+from capture.results.summary import ExecRecord, content_id, dig, exec_record
 from capture.verify.open import OpenedManifest, open_manifest
 
 SKIP_DIRS = {".git", ".capture", "site", "node_modules", "__pycache__"}
 
 
+NOT_SETTINGS = frozenset({
+    "device", "device_name",  # the configuration's card, not the run
+    "name", "seed",  # a label; the seed changes neither memory nor speed
+    "measured_steps", "warmup_steps", "scheduler.horizon_steps",  # the trial's length, not the run's
+    "params_source",  # how a figure was counted
+    # where files were on the machine that ran it: their content (config_file_sha256, data.files) is the identity
+    "model.config_file", "model.path", "model.tokenizer_dir", "data.path", "data.measured_on",
+})
+"""Keys of ``[trial.run]`` that describe the trial rather than the run it measures; so do keys ending
+in ``_note`` (prose) and ``_version`` (a library's version: stack drift, shown as such). Every other
+key, at any depth (new settings included, as the trial records them), is part of the run definition."""
+
+
+def _settings(table: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for k in sorted(table):
+        key = f"{prefix}{k}"
+        v = table[k]
+        if key in NOT_SETTINGS or k.endswith(("_note", "_version")):
+            continue
+        if isinstance(v, Mapping):
+            out += _settings(v, key + ".")
+        else:
+            out.append((key, json.dumps(v, sort_keys=True, default=str)))
+    return out
+
+
 @dataclass(frozen=True)
 class RunDefinition:
-    """What must be equal for two runs to be ranked against each other (guide point 1)."""
+    """What must be equal for two runs to be ranked against each other (guide point 1): every
+    setting the trial recorded in ``[trial.run]`` (less :data:`NOT_SETTINGS`), read generically, so
+    a setting a newer trial records splits groups without a change here."""
 
     model: str
     method: str
     precision: str
     seq_len: str
     global_batch_tokens: str
+    settings: tuple[tuple[str, str], ...] = ()
+    """``(dotted key under trial.run, JSON value)`` for every setting, sorted: the grouping key."""
 
-    FIELDS = ("model", "method", "precision", "seq_len", "global_batch_tokens")
+    HEADLINE = ("model", "method", "precision", "seq_len", "global_batch_tokens")
     LABELS = {"model": "model and revision", "method": "method", "precision": "precision",
               "seq_len": "sequence length", "global_batch_tokens": "global batch (tokens per optimizer step)"}
+    COVERED = ("model", "params_", "trainable_share", "method", "precision.dtype", "precision.autocast",
+               "max_seq_len", "tokens_per_step")
+    """Settings the headline fields already name (not repeated in :meth:`differences`)."""
 
     def label(self) -> str:
         return (f"{self.model} · {self.method} · {self.precision} · seq {self.seq_len} · "
                 f"{self.global_batch_tokens} tokens/step")
 
     def differences(self, other: RunDefinition) -> list[str]:
-        return [f"{self.LABELS[f]}: {getattr(self, f)} vs {getattr(other, f)}"
-                for f in self.FIELDS if getattr(self, f) != getattr(other, f)]
+        out = [f"{self.LABELS[f]}: {getattr(self, f)} vs {getattr(other, f)}"
+               for f in self.HEADLINE if getattr(self, f) != getattr(other, f)]
+        mine, theirs = dict(self.settings), dict(other.settings)
+        for k in sorted(set(mine) | set(theirs)):
+            if mine.get(k) != theirs.get(k) and not k.startswith(self.COVERED):
+                out.append(f"{k}: {mine.get(k, '(absent)')} vs {theirs.get(k, '(absent)')}")
+        return out
 
-    def to_json(self) -> dict[str, str]:
-        return {f: getattr(self, f) for f in self.FIELDS}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f: getattr(self, f) for f in self.HEADLINE}
+        out["settings"] = {k: json.loads(v) for k, v in self.settings}
+        return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +136,11 @@ class Run:
     def slug(self) -> str:
         return self.file.content_id or Path(self.path).stem
 
+    @property
+    def command(self) -> ExecRecord | None:
+        """What `capture exec` ran, for a run recorded around a command."""
+        return exec_record(self.data)
+
 
 def _text(v: Any, default: str = "?") -> str:
     return default if v is None or v == "" else str(v)
@@ -129,7 +176,7 @@ def run_definition(data: Mapping[str, Any]) -> RunDefinition:
     if batch is None and isinstance(run.get("max_seq_len"), int) and isinstance(run.get("micro_batch_size"), int):
         batch = run["max_seq_len"] * run["micro_batch_size"] * int(run.get("grad_accum") or 1)
     return RunDefinition(model_identity(data), _text(run.get("method")), precision, _text(run.get("max_seq_len")),
-                         _text(batch))
+                         _text(batch), tuple(_settings(run)))
 
 
 def expand(inputs: Iterable[str]) -> list[Path]:
@@ -175,7 +222,11 @@ def open_all(paths: Iterable[Path], trust: Any = None) -> tuple[list[Run], list[
             continue
         sig = opened.signature
         kind = opened.data.get("kind")
+        command = exec_record(opened.data)
         note = None if kind == "trial" else f"a {kind or 'manifest without a kind'}: no trial to rank"
+        if command is not None:
+            note = (f"capture exec: {command.line()}; outputs: {command.outputs_text(8)}"
+                    + ("" if kind == "trial" else "; no trial to rank"))
         status = FileStatus(path, sig.state, sig.principal, sig.reason, kind if isinstance(kind, str) else None,
                             content_id(opened.raw), note)
         files.append(status)

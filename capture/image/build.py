@@ -85,11 +85,17 @@ def dockerfile(flavour: str, root: Path | None = None) -> Path:
 
 
 def default_base(flavour: str, root: Path | None = None) -> str:
-    """The ``ARG BASE_IMAGE=...`` default of a flavour's Dockerfile."""
+    """The ``ARG BASE_IMAGE=...`` default of a flavour's Dockerfile, which must be pinned by
+    digest (``NAME:TAG@sha256:<64 hex>``, settled decision 4): a tag alone names whatever the
+    registry serves that day."""
     text = dockerfile(flavour, root).read_text(encoding="utf-8")
     m = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
     if not m:
         raise UsageError(f"images/{flavour}/Dockerfile has no `ARG BASE_IMAGE=` default", "restore it from the repository")
+    name, sep, digest = m.group(1).partition("@")
+    if not (sep and _DIGEST.fullmatch(digest)):
+        raise UsageError(f"images/{flavour}/Dockerfile: the `ARG BASE_IMAGE=` default {m.group(1)!r} is not pinned by digest",
+                         "write it as NAME:TAG@sha256:<64 hex> (`docker inspect --format '{{index .RepoDigests 0}}' NAME:TAG`)")
     return m.group(1)
 
 
@@ -123,23 +129,6 @@ def resolve_base(client: Any, ref: str) -> tuple[str, str]:
         if rd.split("@", 1)[0] == repo:
             return name, rd.split("@", 1)[1]
     return name, image.id
-
-
-def _pull_default(client: Any, ref: str) -> None:
-    """Pull a default base that the Dockerfile pins by tag only (its digest is then read locally)."""
-    from docker.errors import APIError, ImageNotFound
-
-    try:
-        client.images.get(ref)
-        return
-    except ImageNotFound:
-        pass
-    sys.stderr.write(f"pulling {ref} (the Dockerfile pins its tag; the pulled digest is recorded)\n")
-    try:
-        client.images.pull(ref)
-    except APIError as exc:
-        raise UsageError(f"cannot pull the base image {ref}: {_short(exc.explanation or str(exc))}",
-                         "pull it where a registry is reachable and `docker load` it here, or pass --base-image REF") from None
 
 
 def git_identity(root: Path) -> tuple[str, str]:
@@ -274,16 +263,12 @@ def build(flavour: str, *, base_image: str | None = None, tag: str | None = None
     lock_name = lock_name or locks.DEFAULT_LOCK[flavour]
     lock = locks.read_lock(lock_name)
     lock.require_complete()
-    client = client or docker_client()
     base_ref = base_image or default_base(flavour, root)
+    client = client or docker_client()
     if not split_ref(base_ref)[1]:
-        # No digest to pin (a local base, or a default not yet pinned): the local image answers,
-        # and the build runs on exactly that image.
-        if not base_image:
-            _pull_default(client, base_ref)
+        # --base-image without a digest (a local base such as the debootstrap one): the local
+        # image answers, and the build runs on exactly that image.
         base_name, base_digest = resolve_base(client, base_ref)
-        if base_digest.startswith("sha256:") and not base_image:
-            base_ref = f"{base_name}@{base_digest}"
     else:
         base_name, base_digest = split_ref(base_ref)  # type: ignore[assignment]
     wh = wheelhouse.prepare(lock_name, wheel_dir, pip_args=pip_args)

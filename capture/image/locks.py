@@ -287,7 +287,7 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise UsageError("uv is not installed (it resolves the image locks)", "pip install -e '.[dev]' (it pins uv)")
+    raise UsageError("uv is not installed (it resolves the image locks)", "pip install 'capture-stack[dev]' (it pins uv; in a checkout: pip install -e '.[dev]')")
 
 
 def _wheel_file_hash(url: str) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 try:
     from transformers import TrainerCallback
 except ImportError as exc:  # pragma: no cover - the extra is not installed
-    raise ImportError("capture.integrations.hf needs transformers: pip install 'capture[hf]'") from exc
+    raise ImportError("capture.integrations.hf needs transformers: pip install 'capture-stack[hf]'") from exc
 
 from capture.integrations._frameworks import dataset_fields, framework_version, model_fields
 from capture.recorder import Recorder

@@ -27,7 +27,7 @@ except ImportError:  # the standalone package name
     try:
         from pytorch_lightning import Callback  # type: ignore[assignment]
     except ImportError as exc:  # pragma: no cover - the extra is not installed
-        raise ImportError("capture.integrations.lightning needs Lightning: pip install 'capture[lightning]'") from exc
+        raise ImportError("capture.integrations.lightning needs Lightning: pip install 'capture-stack[lightning]'") from exc
 
 from capture.integrations._frameworks import count_tokens, dataset_fields, framework_version, model_fields
 from capture.recorder import Recorder

@@ -125,27 +125,55 @@ def _libc() -> str | None:
     return f"{name} {version}" if name and version else None
 
 
-def probe(options: ProbeOptions, *, root: Path = Path("/")) -> HostInfo:
-    """``root`` lets tests point at a tree of files shaped like /etc and /proc."""
+ROOT_ENV = "CAPTURE_HOST_ROOT"
+
+
+def host_root() -> Path:
+    """Where the host's /etc and /proc files are read: ``$CAPTURE_HOST_ROOT``, else ``/``.
+
+    For a host whose files are mounted elsewhere (a container with the host's root at /host), and
+    for the test suite's run under another host identity (tests/test_host_identity.py)."""
+    return Path(os.environ.get(ROOT_ENV) or "/")
+
+
+def _line(path: Path) -> str | None:
+    text = _read(path)
+    return (text.strip() or None) if text is not None else None
+
+
+def cpu_model(root: Path | None = None) -> str | None:
+    """The CPU model as :func:`probe` records it (the trial names a CPU run after it)."""
+    cpuinfo = _read((root or host_root()) / "proc/cpuinfo")
+    return parse_cpu_model(cpuinfo) if cpuinfo else None
+
+
+def memory_total_bytes(root: Path | None = None) -> int | None:
+    """MemTotal as :func:`probe` records it (the trial's host-memory budget on a CPU)."""
+    meminfo = _read((root or host_root()) / "proc/meminfo")
+    return parse_meminfo_total_bytes(meminfo) if meminfo else None
+
+
+def probe(options: ProbeOptions, *, root: Path | None = None) -> HostInfo:
+    """``root``: a tree of files shaped like /etc and /proc (default :func:`host_root`). The
+    hostname and kernel release are /proc/sys/kernel's, which are uname's on a live root."""
+    root = root or host_root()
     uname = os.uname()
     release = _read(root / "etc/os-release") or _read(root / "usr/lib/os-release")
     osr = parse_os_release(release) if release else {}
-    cpuinfo = _read(root / "proc/cpuinfo")
-    meminfo = _read(root / "proc/meminfo")
     try:
         usable: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = None
     return HostInfo(
-        hostname=os.uname().nodename,
-        kernel=uname.release,
+        hostname=_line(root / "proc/sys/kernel/hostname") or uname.nodename,
+        kernel=_line(root / "proc/sys/kernel/osrelease") or uname.release,
         arch=uname.machine,
         os=osr.get("PRETTY_NAME") or osr.get("NAME"),
         os_id=osr.get("ID"),
         os_version_id=osr.get("VERSION_ID"),
-        cpu_model=parse_cpu_model(cpuinfo) if cpuinfo else None,
+        cpu_model=cpu_model(root),
         cpu_count=os.cpu_count(),
         cpu_count_usable=usable,
-        memory_total_bytes=parse_meminfo_total_bytes(meminfo) if meminfo else None,
+        memory_total_bytes=memory_total_bytes(root),
         libc=_libc(),
     )

@@ -19,10 +19,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from capture._escape import printable
-from capture.fmt import bytes_str, number_str
+from capture import costs
 from capture.results.summary import RunSummary, dig, summarize
-from capture.trial.report.checks import HIGH_CV
 from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy
@@ -54,22 +52,28 @@ def group_of(field: str) -> str:
     return next((g for prefix, g in GROUPS if field.startswith(prefix)), field.split(".", 1)[0])
 
 
-# (name in Figures, label, unit, True when higher is better; None when neither)
-FIGURES: tuple[tuple[str, str, str, bool | None], ...] = (
-    ("tokens_per_s", "tokens/s", "", True),
-    ("step_time_median_s", "step time median", "s", False),
-    ("step_time_p90_s", "step time p90", "s", False),
-    ("peak_memory_bytes", "peak memory", "bytes", False),
-    ("mfu", "MFU", "", True),
-    ("checkpoint_write_s", "checkpoint write", "s", False),
-    ("cost_per_million_tokens", "cost / M tokens", "", False),
-    ("recovery_verdict", "recovery", "", None),
+# (name, label, unit, True when higher is better (None: neither), judged by the noise rule)
+FIGURES: tuple[tuple[str, str, str, bool | None, bool], ...] = (
+    ("tokens_per_s", "tokens/s", "", True, True),
+    ("step_time_median_s", "step time median", "s", False, True),
+    ("step_time_p90_s", "step time p90", "s", False, True),
+    ("mfu", "MFU", "fraction", True, True),
+    ("peak_memory_bytes", "peak memory", "bytes", False, False),
+    ("checkpoint_write_s", "checkpoint write", "s", False, False),
+    ("trial_cost", costs.TRIAL_COST, "money", False, False),
+    ("steady_cost_per_million_tokens", costs.STEADY_COST, "money", False, True),
+    ("projected_cost", "projected cost to the target", "money", False, True),
+    ("projected_time_s", "projected time to the target", "s", False, True),
+    ("recovery_verdict", "recovery", "", None, False),
 )
+"""Every figure derived from throughput (step time, tokens/s, MFU, steady-state and projected cost
+and time) is judged by the one noise rule, so tokens/s and MFU never disagree."""
 
 
-NOISE_FIGURES = frozenset({"tokens_per_s", "step_time_median_s", "step_time_p90_s"})
-NOISE_RULE = ("a change in step time or tokens/s is significant only when |B - A| / A exceeds the sum of the two "
-              "runs' step-time coefficients of variation (CV_A + CV_B); smaller changes are within noise")
+NOISE_FIGURES = frozenset(name for name, *_, noise in FIGURES if noise)
+NOISE_RULE = ("a change in a figure derived from throughput (step time, tokens/s, MFU, steady-state and projected "
+              "cost and time) is significant only when |B - A| / A exceeds the sum of the two runs' step-time "
+              "coefficients of variation (CV_A + CV_B); smaller changes are within noise")
 
 
 def significant(a: float | None, b: float | None, cv_a: float | None, cv_b: float | None) -> bool | None:
@@ -118,8 +122,13 @@ class FigureChange:
     verdict: str
     """``better``, ``worse``, ``same``, ``within noise``, ``changed`` or ``not comparable``."""
     significant: bool | None = None
-    """Step time and tokens/s only: whether the change exceeds the two runs' measured variation
+    """Throughput-derived figures only: whether the change exceeds the two runs' measured variation
     (:data:`NOISE_RULE`); None where a CV is missing or the figure has no noise measure."""
+    why: str | None = None
+    """Why two values are not compared (different bases, currencies, or trial stages)."""
+    basis_a: str | None = None
+    basis_b: str | None = None
+    """What each value measures (peak memory) or is stated in (a currency)."""
 
 
 @dataclass(frozen=True)
@@ -206,30 +215,62 @@ def package_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> PackageChange
     return split_differences(a, b, stack_differences(a, b))[1]
 
 
-def figure_changes(a: RunSummary, b: RunSummary) -> list[FigureChange]:
+def _value_of(s: RunSummary, name: str) -> Any:
+    if hasattr(s.figures, name):
+        return getattr(s.figures, name)
+    c = s.costs
+    return getattr(c, name, None) if c is not None else None
+
+
+def _basis(s: RunSummary, name: str, unit: str) -> str | None:
+    if name == "peak_memory_bytes":
+        return s.figures.peak_memory_basis
+    if unit == "money" and s.costs is not None:
+        return s.costs.currency
+    return None
+
+
+def _like_for_like(a: RunSummary, b: RunSummary, name: str, unit: str, phases: tuple[Any, Any]) -> str | None:
+    """Why A and B are not the same kind of figure (then neither better nor worse), or None."""
+    ba, bb = _basis(a, name, unit), _basis(b, name, unit)
+    if ba != bb and ba is not None and bb is not None:
+        return f"{ba} vs {bb}"
+    if name == "trial_cost" and phases[0] != phases[1]:
+        return "the trials ran different stages"
+    return None
+
+
+def figure_changes(a: RunSummary, b: RunSummary, phases: tuple[Any, Any] = (None, None),
+                   same_run: bool = True) -> list[FigureChange]:
+    """Each figure of B against A. ``phases``: the names of each trial's phases (trial cost is
+    like-for-like only between trials that ran the same stages); ``same_run``: False when the two
+    trials measured different run definitions (then no figure is better or worse)."""
     out = []
-    for name, label, unit, higher_better in FIGURES:
-        va, vb = getattr(a.figures, name), getattr(b.figures, name)
+    for name, label, unit, higher_better, noise in FIGURES:
+        va, vb = _value_of(a, name), _value_of(b, name)
         if va is None and vb is None:
             continue
         rel = None
         if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va:
             rel = (vb - va) / abs(va)
+        why = _like_for_like(a, b, name, unit, phases)
+        if not same_run and higher_better is not None and why is None:
+            why = "different run definitions (see the stack's run definition)"
+        sig = significant(va, vb, a.figures.step_time_cv, b.figures.step_time_cv) if noise else None
         if va is None or vb is None:
+            verdict = "not comparable"
+        elif why:
             verdict = "not comparable"
         elif va == vb:
             verdict = "same"
         elif higher_better is None or rel is None:
             verdict = "changed"
+        elif sig is False:
+            verdict = "within noise"
         else:
             verdict = "better" if (rel > 0) == higher_better else "worse"
-        sig = significant(va, vb, a.figures.step_time_cv, b.figures.step_time_cv) if name in NOISE_FIGURES else None
-        if sig is False and verdict in ("better", "worse"):
-            verdict = "within noise"
-        if name == "peak_memory_bytes" and a.figures.peak_memory_source != b.figures.peak_memory_source:
-            label = f"peak memory ({a.figures.peak_memory_source} vs {b.figures.peak_memory_source})"
-            verdict = "not comparable" if verdict in ("better", "worse") else verdict
-        out.append(FigureChange(name, label, unit, va, vb, rel, verdict, sig))
+        out.append(FigureChange(name, label, unit, va, vb, rel, verdict, sig, why,
+                                _basis(a, name, unit), _basis(b, name, unit)))
     return out
 
 
@@ -245,74 +286,18 @@ def compare_files(a: str, b: str, allowed_signers: str | os.PathLike[str] | None
     stack, packages = split_differences(da, db, stack_differences(da, db))
     from capture.preflight.report import preflight_rows
 
-    return Comparison(side_a, side_b, tuple(stack), packages, tuple(figure_changes(side_a.summary, side_b.summary)),
+    from capture.decide.runs import run_definition
+
+    phases = tuple(tuple(sorted(p)) if isinstance(p, Mapping) else None
+                   for p in (dig(da, "trial.cost.phases"), dig(db, "trial.cost.phases")))
+    same_run = "trial" not in da or "trial" not in db or run_definition(da) == run_definition(db)
+    return Comparison(side_a, side_b, tuple(stack), packages,
+                      tuple(figure_changes(side_a.summary, side_b.summary, phases, same_run)),  # type: ignore[arg-type]
                       tuple(preflight_rows(da, db)))
 
 
-def _value(v: Any, unit: str = "") -> str:
-    if v is None:
-        return "(absent)"
-    if unit == "bytes" and isinstance(v, (int, float)):
-        return bytes_str(v)
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (int, float)):
-        return number_str(v) + (f" {unit}" if unit else "")
-    return printable(v)
+def render(c: Comparison, width: int | None = None, everything: bool = False) -> str:
+    """The comparison for a terminal (:mod:`capture.results.compare_text`)."""
+    from capture.results.compare_text import render as _render
 
-
-def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def render(c: Comparison) -> str:
-    lines = []
-    for name, s in (("A", c.a), ("B", c.b)):
-        sm = s.summary
-        lines.append(printable(f"{name}: {s.path} ({sm.kind}, {sm.accelerator}, created {sm.created_utc}, id {sm.content_id})"))
-        lines.append(f"   {s.signature.label}")
-    lines.append("")
-    n = len(c.stack) + (1 if c.packages else 0)
-    if n == 0:
-        lines.append("Stack: same (no difference in accelerator, driver, CUDA/ROCm, framework, packages, code, "
-                     "models, datasets, image, host, run definition)")
-    else:
-        lines.append("Stack: what changed from A to B")
-        rows = [[ch.group, printable(ch.field), _value(ch.a), "->", _value(ch.b)] for ch in c.stack]
-        if rows:
-            lines.extend(_table(rows))
-        lines.extend(f"    {ch.field}: {printable(ch.detail)}" for ch in c.stack if ch.detail)
-        p = c.packages
-        if p:
-            lines.append(f"  packages: {len(p.changed)} changed, {len(p.added)} added, {len(p.removed)} removed")
-            prow = [[printable(n), printable(a), "->", printable(b)] for n, a, b in p.changed]
-            prow += [[printable(n), "(absent)", "->", printable(v)] for n, v in p.added]
-            prow += [[printable(n), printable(v), "->", "(absent)"] for n, v in p.removed]
-            lines.extend(_table(prow, "    "))
-    lines.append("")
-    if not c.figures:
-        lines.append("Trial figures: none in either manifest (fingerprints only)")
-    else:
-        lines.append("Trial figures (B relative to A)")
-        rows = []
-        for f in c.figures:
-            rel = f"{f.relative_change:+.1%}" if f.relative_change is not None else ""
-            unit = f.unit if f.unit != "bytes" else "bytes"
-            rows.append([f.label, _value(f.a, unit), "->", _value(f.b, unit), rel, f.verdict])
-        lines.extend(_table(rows))
-        cvs = [(n, s.summary.figures.step_time_cv) for n, s in (("A", c.a), ("B", c.b))]
-        lines.append("  step-time CV: " + ", ".join(f"{n} {cv * 100:.2f} %" if cv is not None else f"{n} not measured"
-                                                   for n, cv in cvs) + f"; {NOISE_RULE}")
-        for n, cv in cvs:
-            if cv is not None and cv > HIGH_CV:
-                lines.append(f"  {n}: step-time CV {cv * 100:.1f} % is high (above {HIGH_CV * 100:.0f} %): "
-                             "its step time and tokens/s are noisy")
-    if c.preflight:
-        lines += ["", "Preflight (B relative to A)"]
-        rows = [[printable(str(r["name"])) + ("" if r["device"] is None else f" (device {r['device']})"),
-                 _value(r["a"], r["unit"] or ""), "->", _value(r["b"], r["unit"] or ""),
-                 f"x{r['ratio']:.2f}" if r["ratio"] is not None else "",
-                 f"{r['verdict_a'] or '-'} -> {r['verdict_b'] or '-'}"] for r in c.preflight]
-        lines.extend(_table(rows))
-    return "\n".join(lines)
+    return _render(c, width, everything)

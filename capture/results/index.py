@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import ManifestError
+from capture.costs import DEFAULT_TARGET_TOKENS, money_str
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
 
 INDEX_JSON = "index.json"
@@ -69,10 +70,44 @@ _MD_COLUMNS = (
     ("peak memory", lambda r: bytes_str(r.get("peak_memory_bytes"))),
     ("MFU", lambda r: percent_str(r.get("mfu"))),
     ("recovery", lambda r: r.get("recovery_verdict", "-")),
-    ("cost / M tokens", lambda r: number_str(r.get("cost_per_million_tokens"))),
+    ("trial cost", lambda r: _cost(r, "trial_cost")),
+    ("steady cost / M tokens", lambda r: _cost(r, "steady_cost_per_million_tokens")),
+    (f"projected to {DEFAULT_TARGET_TOKENS:,} tokens", lambda r: _projected(r)),
+    ("command (exec)", lambda r: _command(r)),
     ("signer", lambda r: r.get("signer", "-")),
     ("manifest", lambda r: f"[{r['content_id']}]({r['path']})"),
 )
+
+
+def _cost(r: Mapping[str, Any], key: str) -> str:
+    """One of the three cost figures (docs/decide.md) with its currency; a row pinned before they
+    existed shows its trial cost per million trained tokens under that name."""
+    c = r.get("costs") if isinstance(r.get("costs"), Mapping) else {}
+    if c.get(key) is not None:
+        return money_str(c[key], c.get("currency"))
+    if key == "trial_cost" and r.get("cost_per_million_tokens") is not None:
+        return f"{money_str(r['cost_per_million_tokens'])} per million trained tokens"
+    return "-"
+
+
+def _projected(r: Mapping[str, Any]) -> str:
+    c = r.get("costs") if isinstance(r.get("costs"), Mapping) else {}
+    if c.get("projected_time_s") is None:
+        return "-"
+    cost = f"{money_str(c['projected_cost'], c.get('currency'))}, " if c.get("projected_cost") is not None else ""
+    return f"{cost}{seconds_str(c['projected_time_s'])}"
+
+
+def _command(r: Mapping[str, Any]) -> str:
+    e = r.get("exec") if isinstance(r.get("exec"), Mapping) else None
+    if e is None:
+        return "-"
+    code = e.get("exit_code")
+    status = ("FAILED" if e.get("failed") else "ok") + (f" (signal {e['signal']})" if e.get("signal") else
+                                                        f" (exit {code})")
+    wall = f" in {seconds_str(e['wall_time_s'])}" if isinstance(e.get("wall_time_s"), (int, float)) else ""
+    outs = e.get("outputs") or []
+    return f"{e.get('command', '?')}: {status}{wall}, {len(outs)} output(s)"
 
 
 def _cell(value: Any) -> str:

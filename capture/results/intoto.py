@@ -8,7 +8,21 @@ consume a result without knowing our TOML trailer:
   the manifest's content as JSON (the body's tables, plus the ``signature`` table when signed).
 - Envelope (DSSE v1): ``payloadType`` application/vnd.in-toto+json, ``payload`` base64 of the
   statement's JSON bytes, one signature: Ed25519 over ``PAE(payloadType, payload)`` with the same
-  key that signs manifests; ``keyid`` is its OpenSSH fingerprint (``SHA256:...``).
+  key that signs manifests.
+- ``keyid`` (:func:`keyid`): the key's default keyid as securesystemslib computes it, the sha256 (hex)
+  of the canonical JSON ``{"keytype":"ed25519","keyval":{"public":"<hex of the 32-byte key>"},
+  "scheme":"ed25519"}``, so the standard path finds the key with no keyid of its own to set::
+
+      from cryptography.hazmat.primitives.serialization import load_pem_public_key
+      from securesystemslib.dsse import Envelope
+      from securesystemslib.signer import SSlibKey
+
+      key = SSlibKey.from_crypto(load_pem_public_key(open("key.pem", "rb").read()))
+      envelope = Envelope.from_dict(json.load(open("run.intoto.json")))
+      envelope.verify([key], threshold=1)  # {keyid: key}; raises VerificationError otherwise
+
+  The manifest's own SSH identity (its fingerprint ``SHA256:...``) stays in the predicate's
+  ``signature`` table. (Envelopes exported before this keyid carried the SSH fingerprint.)
 
 Verifiers need the public key as PEM (SubjectPublicKeyInfo): ``--format pubkey-pem``.
 """
@@ -79,8 +93,11 @@ def _public(key: Ed25519PrivateKey | Ed25519PublicKey) -> Ed25519PublicKey:
 
 
 def keyid(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    from capture.signing import fingerprint, public_key_line
-    return fingerprint(public_key_line(_public(key)))
+    """securesystemslib's default keyid of an Ed25519 key (``SSlibKey.from_crypto`` computes the same)."""
+    raw = _public(key).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    canonical = json.dumps({"keytype": "ed25519", "scheme": "ed25519", "keyval": {"public": raw.hex()}},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def envelope(payload: bytes, key: Ed25519PrivateKey, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:

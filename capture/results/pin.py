@@ -197,8 +197,8 @@ def commit_message(runs: Sequence[PinnedRun], subject: str | None = None) -> str
             f"{number_str(f.tokens_per_s)} tokens/s" if f.tokens_per_s is not None else "",
             f"step median {number_str(f.step_time_median_s)} s" if f.step_time_median_s is not None else "",
             f"recovery {f.recovery_verdict}" if f.recovery_verdict else "",
-            f"cost {number_str(f.cost_per_million_tokens)} per M tokens"
-            if f.cost_per_million_tokens is not None else "") if x)
+            f"trial cost {s.costs.money(s.costs.trial_cost)}" if s.costs and s.costs.trial_cost is not None else "")
+            if x)
         lines.append(f"- {r.path}: {s.accelerator}" + (f"; {stack}" if stack else "") + (f"; {figs}" if figs else "")
                      + (f"; signed by {s.signer}" if s.signer else ""))
     return "\n".join(lines).rstrip() + "\n"

@@ -41,10 +41,18 @@ def load(path: str, allowed_signers: str | os.PathLike[str] | None = None) -> Sh
                  opened.data)
 
 
-def _kv(rows: list[tuple[str, str | None]]) -> list[str]:
+def _kv(rows: list[tuple[str, str | None]], width: int | None = None) -> list[str]:
+    """``key  value`` lines, values wrapped at spaces to the terminal's width under a hanging indent."""
+    from capture.termtable import wrap
+    from capture.trial.report.terminal import terminal_width
+
     rows = [(k, v) for k, v in rows if v]
-    width = max(len(k) for k, _ in rows)
-    return [f"{k:<{width}}  {printable(v)}" for k, v in rows]
+    key_w = max(len(k) for k, _ in rows)
+    total = width or terminal_width()
+    out: list[str] = []
+    for k, v in rows:
+        out += wrap(printable(v), total, f"{k:<{key_w}}  ", " " * (key_w + 2))
+    return out
 
 
 def _join(*parts: Any, sep: str = ", ") -> str | None:
@@ -79,10 +87,10 @@ def render(shown: Shown) -> str:
         ("code", code),
         ("models", ", ".join(s.models) or None),
         ("datasets", ", ".join(s.datasets) or None),
+        ("not probed", ", ".join(sorted(k for k, v in d.items() if isinstance(v, dict) and set(v) == {"skipped"}))
+         or None),
+        *_exec_rows(s),
     ])
-    skipped = sorted(k for k, v in d.items() if isinstance(v, dict) and set(v) == {"skipped"})
-    if skipped:
-        lines.append(f"{'not probed':<{len('accelerator')}}  {printable(', '.join(skipped))}")
     if "trial" in d:
         lines.append("")
         lines.append(_trial_report(d, s, shown.signature.label))
@@ -107,5 +115,15 @@ def _trial_report(data: dict[str, Any], s: RunSummary, signature: str | None = N
         ("MFU", percent_str(f.mfu)),
         ("checkpoint write", seconds_str(f.checkpoint_write_s)),
         ("recovery", f.recovery_verdict or "-"),
-        ("cost / M tokens", number_str(f.cost_per_million_tokens)),
+        *(s.costs.texts() if s.costs is not None else []),
     ]))
+
+
+def _exec_rows(s: RunSummary) -> list[tuple[str, str | None]]:
+    """What a `capture exec` manifest's command did; a failed command says FAILED first."""
+    e = s.exec
+    if e is None:
+        return []
+    return [("command", e.command), ("exit status", e.status),
+            ("wall time", seconds_str(e.wall_time_s) if e.wall_time_s is not None else None),
+            ("outputs", e.outputs_text())]

@@ -101,10 +101,11 @@ class Figures:
     peak_memory_bytes: int | None = None
     peak_memory_source: str | None = None
     """Which measurement ``peak_memory_bytes`` is: device total, allocator reserved or allocated."""
+    peak_memory_basis: str | None = None
+    """What it measures, in words: ``device memory (NVML)``, ``host RSS (a CPU run)``, ``allocator reserved``.
+    Two peaks compare only on the same basis."""
     mfu: float | None = None
     checkpoint_write_s: float | None = None
-    cost_per_million_tokens: float | None = None
-    """Whole trial cost / million trained tokens, in the currency of the price the user gave."""
     recovery_verdict: str | None = None
 
 
@@ -123,7 +124,6 @@ FIGURE_PATHS: dict[str, tuple[str, ...]] = {
     ),
     "mfu": ("trial.stats.mfu",),
     "checkpoint_write_s": ("trial.checkpoint.duration_s", "trial.recovery.checkpoint_write_s"),
-    "cost_per_million_tokens": ("trial.cost.cost_per_million_trained_tokens",),
     "recovery_verdict": ("trial.recovery.verdict",),
 }
 
@@ -139,7 +139,22 @@ def figures(data: Mapping[str, Any]) -> Figures:
         values[name] = v
         if name == "peak_memory_bytes" and v is not None and where:
             values["peak_memory_source"] = where.rsplit(".", 1)[1].removesuffix("_bytes")
+            values["peak_memory_basis"] = memory_basis(data, values["peak_memory_source"])
     return Figures(**values)
+
+
+def memory_basis(data: Mapping[str, Any], source: str) -> str:
+    """What a peak-memory figure measures: a CPU run's device figure is the host's RSS, a GPU's
+    is the device's (NVML/amdsmi), the allocator's view leaves the runtime's own memory out."""
+    measured = dig(data, "trial.memory.measured")
+    measured = measured if isinstance(measured, Mapping) else {}
+    if source == "device_used":
+        how = str(measured.get("device_used_source") or "")
+        if measured.get("device_type") == "cpu" or "RSS" in how:
+            return "host RSS (a CPU run)"
+        vendor = dig(data, "accelerator.vendor")
+        return "device memory (" + ("amdsmi" if vendor == "amd" else "NVML" if vendor == "nvidia" else "device") + ")"
+    return f"allocator {source.removeprefix('peak_')}"
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,10 @@ class RunSummary:
     path: str | None = None
     signer: str | None = None
     signer_fingerprint: str | None = None
+    exec: ExecRecord | None = None
+    """The command a `capture exec` manifest ran, and how it ended."""
+    costs: Any = None
+    """The three cost figures (:class:`capture.costs.CostFigures`) of a trial, at its own price and the default target."""
 
     def to_json(self) -> dict[str, Any]:
         """Flat JSON object; unknown values are left out rather than written as null."""
@@ -187,6 +206,9 @@ class RunSummary:
             v = getattr(self, f.name)
             if f.name == "figures":
                 out.update({k: x for k, x in dataclasses.asdict(v).items() if x is not None})
+            elif f.name in ("exec", "costs"):
+                if v is not None:
+                    out[f.name] = v.to_json()
             elif isinstance(v, tuple):
                 out[f.name] = list(v)
             elif v is not None:
@@ -239,7 +261,17 @@ def summarize(data: Mapping[str, Any], raw: bytes, path: str | None = None,
         path=path,
         signer=signer,
         signer_fingerprint=signer_fingerprint,
+        exec=exec_record(data),
+        costs=_costs(data),
     )
+
+
+def _costs(data: Mapping[str, Any]) -> Any:
+    if not isinstance(dig(data, "trial.cost"), Mapping):
+        return None
+    from capture import costs
+
+    return costs.figures(data)
 
 
 def scaling_label(data: Mapping[str, Any]) -> str | None:
@@ -258,6 +290,73 @@ def scaling_label(data: Mapping[str, Any]) -> str | None:
 
 def _str(v: Any) -> str | None:
     return None if v is None else str(v)
+
+
+@dataclass(frozen=True)
+class ExecRecord:
+    """What `capture exec` recorded about the command it ran (``[exec]``)."""
+
+    command: str
+    exit_code: int | None
+    signal: str | None
+    wall_time_s: float | None
+    outputs: tuple[dict[str, Any], ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code != 0 or self.signal is not None
+
+    @property
+    def status(self) -> str:
+        """``succeeded (exit 0)``, ``FAILED (exit 3)``, ``FAILED (signal SIGTERM, exit 143)``."""
+        code = "exit ?" if self.exit_code is None else f"exit {self.exit_code}"
+        if self.signal:
+            return f"FAILED (signal {self.signal}, {code})"
+        return f"FAILED ({code})" if self.failed else f"succeeded ({code})"
+
+    def outputs_text(self, digits: int = 12) -> str:
+        parts = []
+        for o in self.outputs:
+            path = str(o.get("path", "?"))
+            if not o.get("exists"):
+                parts.append(f"{path} (missing)")
+                continue
+            n = o.get("files")
+            what = f"folder, {n} files" if o.get("kind") == "folder" else "file"
+            digest = str(o.get("sha256") or "")[:digits]
+            parts.append(f"{path} ({what}, sha256 {digest}…)" if digest else f"{path} ({what})")
+        return "; ".join(parts) or "none named (--output)"
+
+    def line(self) -> str:
+        """One line: the command, its status and wall time."""
+        wall = f" after {_seconds(self.wall_time_s)}" if self.wall_time_s is not None else ""
+        return f"`{self.command}` {self.status}{wall}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": self.command, "exit_code": self.exit_code, "signal": self.signal, "failed": self.failed,
+                "wall_time_s": self.wall_time_s, "outputs": list(self.outputs)}
+
+
+def _seconds(v: float | None) -> str:
+    from capture.fmt import seconds_str
+
+    return seconds_str(v)
+
+
+def exec_record(data: Mapping[str, Any]) -> ExecRecord | None:
+    """The ``[exec]`` table of a manifest written by `capture exec`, or None."""
+    e = data.get("exec") if isinstance(data, Mapping) else None
+    if not isinstance(e, Mapping):
+        return None
+    cmd = e.get("command_line")
+    if not isinstance(cmd, str):
+        argv = e.get("command")
+        cmd = " ".join(map(str, argv)) if isinstance(argv, list) else "?"
+    code = e.get("exit_code")
+    outputs = tuple(dict(o) for o in e.get("outputs") or () if isinstance(o, Mapping))
+    sig = e.get("signal")
+    return ExecRecord(cmd, code if isinstance(code, int) and not isinstance(code, bool) else None,
+                      sig if isinstance(sig, str) else None, _number(e.get("wall_time_s")), outputs)
 
 
 # The one formatter (capture.fmt), under the names the index and pin used before.

@@ -11,14 +11,17 @@ Layout (see docs/trial.md for every key)::
 
     [trial]            name, seed, method, device, warmup_steps, measured_steps
     [trial.model]      source = "hub" | "local" | "from_config"; repo_id, revision, path,
-                       architecture, [trial.model.config]
+                       config_file, architecture, [trial.model.config], attn_implementation,
+                       quantization
+    [trial.training]   gradient_checkpointing, compile, loss, loss_chunk_size
     [trial.lora]       rank, alpha, dropout, target_modules
     [trial.optimizer]  name, lr, weight_decay, betas, eps, momentum, fused
     [trial.scheduler]  name, warmup_steps
     [trial.precision]  dtype, autocast
     [trial.batch]      max_seq_len, micro_batch_size, grad_accum
     [trial.data]       source = "corpus" | "synthetic" | "local" | "hub"; tokenizer, path,
-                       repo_id, revision, text_field, files, validation_fraction, synthetic_sequences
+                       repo_id, revision, format, text_field, messages_field, assistant_only_loss,
+                       packing, files, validation_fraction, synthetic_sequences
     [trial.validation] every_steps, batches
     [trial.checkpoint] enabled, every_steps, format, copy_to
     [trial.recovery]   enabled, save_at_step, total_steps, withhold, sensitivity, deterministic
@@ -38,16 +41,22 @@ from typing import Any
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 from capture.redact import redact_text, redact_value, toml_without_comments
+from capture.trial.config_read import Table, check_choice, check_int, did_you_mean, shown
 
 METHODS = ("full", "lora")
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_SOURCES = ("hub", "local", "from_config")
-ARCHITECTURES = ("gpt2", "llama")
-OPTIMIZERS = ("adamw", "adam", "sgd")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+QUANTIZATIONS = ("none", "nf4", "int8")
+LOSSES = ("standard", "chunked")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adamw_8bit", "paged_adamw_8bit", "adafactor")
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+DATA_FORMATS = ("text", "chat")
 SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("corpus", "synthetic", "local", "hub")
 TOKENIZERS = ("bytes", "model")
+PRETRAINED_SOURCES = ("hub", "local")
 CHECKPOINT_FORMATS = ("torch.save", "safetensors", "dcp", "dcp-async")
 RECOVERY_COMPONENTS = (
     "model", "optimizer", "scheduler", "scaler", "rng_python", "rng_numpy",
@@ -65,10 +74,38 @@ class ModelConfig:
     """Branch, tag or commit; resolved to a commit from the local cache. None: ``main``."""
     path: str | None = None
     """A local model folder (``source = "local"``); relative to the config file."""
+    config_file: str | None = None
+    """A real model's ``config.json`` (or its folder), used as written, no weights
+    (``source = "from_config"``); relative to the config file."""
     architecture: str | None = None
-    """``gpt2`` or ``llama`` (``source = "from_config"``)."""
+    """A transformers model type (``llama``, ``qwen2``, ``gpt2``, ...) for a hand-written shape
+    (``source = "from_config"``)."""
     config: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the transformers config (``source = "from_config"``)."""
+    """Keyword arguments for the transformers config: the whole shape with ``architecture``, or
+    changes on top of ``config_file``."""
+    attn_implementation: str | None = None
+    """``sdpa``, ``eager``, ``flash_attention_2``, ...; None: what transformers picks."""
+    quantization: str = "none"
+    """``none``, ``nf4`` (4-bit NormalFloat, double quantization: QLoRA) or ``int8`` (LLM.int8),
+    through bitsandbytes. A folder whose config carries a ``quantization_config`` loads as it is."""
+
+    @property
+    def pretrained(self) -> bool:
+        return self.source in PRETRAINED_SOURCES
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    gradient_checkpointing: bool = False
+    """Activation checkpointing of every decoder layer (non-reentrant), as transformers applies it."""
+    compile: bool = False
+    """``torch.compile`` the model (``nn.Module.compile``); compile time is its own phase."""
+    loss: str = "standard"
+    """``standard`` (the model's own loss over full logits) or ``chunked`` (the logits never
+    materialised: liger-kernel's fused linear cross-entropy where it runs, else capture's chunked
+    torch implementation)."""
+    loss_chunk_size: int = 1024
+    """Tokens per chunk of the chunked loss (capture's torch implementation)."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +113,9 @@ class LoraConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.05
-    target_modules: tuple[str, ...] | None = None
-    """Module names to adapt; None: peft's default for the architecture."""
+    target_modules: tuple[str, ...] | str | None = None
+    """Module names to adapt (each must match a module), ``"all-linear"``, or None: peft's default
+    for the architecture."""
 
 
 @dataclass(frozen=True)
@@ -121,12 +159,23 @@ class DataConfig:
     """``corpus`` (the shipped text), ``synthetic`` (seeded random tokens), ``local`` (text files),
     ``hub`` (a dataset repo in the local hub cache)."""
     tokenizer: str = "bytes"
-    """``bytes`` (byte-level, ids 0-255 plus end-of-text 256) or ``model`` (the model's tokenizer)."""
+    """``bytes`` (byte-level, ids 0-255 plus end-of-text 256) or ``model`` (the model's tokenizer).
+    Default: ``model`` for a pretrained model, ``bytes`` otherwise."""
     path: str | None = None
+    """A folder or a single file (``source = "local"``)."""
     repo_id: str | None = None
     revision: str | None = None
+    format: str = "text"
+    """``text`` (documents) or ``chat`` (rows of ``messages`` rendered with the chat template)."""
     text_field: str = "text"
     """For .json/.jsonl files: the field holding the text."""
+    messages_field: str = "messages"
+    """For chat data: the field holding the list of ``{role, content}`` messages."""
+    assistant_only_loss: bool = False
+    """Chat data: the loss on the assistant turns only (other tokens are labelled -100)."""
+    packing: bool = True
+    """True: documents joined and cut into sequences of exactly ``max_seq_len`` tokens. False: one
+    document a sequence (cut at ``max_seq_len``), batches padded to their longest sequence."""
     files: tuple[str, ...] = ("*.txt", "*.jsonl", "*.json")
     """Glob patterns (relative to the folder or snapshot) of the files to read."""
     validation_fraction: float = 0.1
@@ -178,6 +227,7 @@ class TrialConfig:
     warmup_steps: int = 3
     measured_steps: int = 20
     model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -209,21 +259,21 @@ class TrialConfig:
             if value is None:
                 continue
             if key == "micro_batch_size":
-                _check_int(value, "--micro-batch", 1)
+                check_int(value, "--micro-batch", 1)
                 cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch_size=value))
             elif key == "recovery_enabled":
                 cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, enabled=bool(value)))
             elif key == "recovery_deterministic":
                 cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, deterministic=bool(value)))
             elif key == "method":
-                _check_choice(value, "--method", METHODS)
+                check_choice(value, "--method", METHODS)
                 cfg = dataclasses.replace(cfg, method=value)
             elif key == "device":
-                _check_choice(value, "--device", DEVICES)
+                check_choice(value, "--device", DEVICES)
                 cfg = dataclasses.replace(cfg, device=value)
             elif key in ("warmup_steps", "measured_steps"):
                 flag = "--warmup" if key == "warmup_steps" else "--steps"
-                _check_int(value, flag, 0 if key == "warmup_steps" else 1)
+                check_int(value, flag, 0 if key == "warmup_steps" else 1)
                 cfg = dataclasses.replace(cfg, **{key: value})
             else:
                 raise ValueError(f"unknown override {key}")
@@ -235,109 +285,6 @@ class TrialConfig:
 
 
 # --------------------------------------------------------------------------- checking
-
-
-def _check_int(value: Any, key: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
-
-
-def _check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
-
-
-_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "an array", dict: "a table"}
-
-
-def _type_name(value: Any) -> str:
-    return _TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def _near(key: str, known: list[str]) -> list[str]:
-    """Close spellings, and abbreviations by initials (learning_rate → lr)."""
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if near:
-        return near
-    initials = "".join(w[:1] for w in key.split("_") if w)
-    return [k for k in known if len(k) > 1 and k in (initials, "".join(w[:1] for w in k.split("_")))][:1]
-
-
-class _Table:
-    """One TOML table being read: typed getters that name the full key, then unknown-key check."""
-
-    def __init__(self, data: Any, path: str, hint: str) -> None:
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: must be a table, got {_type_name(data)}", hint)
-        self.data, self.path, self.hint, self.used = data, path, hint, set()
-
-    def _key(self, name: str) -> str:
-        return f"{self.path}.{name}"
-
-    def err(self, name: str, msg: str) -> ConfigError:
-        return ConfigError(f"{self._key(name)}: {msg}", self.hint)
-
-    def get(self, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-        self.used.add(name)
-        if name not in self.data:
-            return default
-        value = self.data[name]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
-            raise self.err(name, f"must be {want}, got {_type_name(value)} {value!r}")
-        return value
-
-    def int(self, name: str, default: int, minimum: int | None = None) -> int:
-        value = self.get(name, int, default)
-        if minimum is not None and value < minimum:
-            raise self.err(name, f"must be >= {minimum}, got {value}")
-        return value
-
-    def positive(self, name: str, default: float) -> float:
-        value = self.get(name, float, default)
-        if not value > 0:
-            raise self.err(name, f"must be > 0, got {value:g}")
-        return value
-
-    def fraction(self, name: str, default: float, upper_open: bool = True) -> float:
-        value = self.get(name, float, default)
-        if not (0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0):
-            raise self.err(name, f"must be in [0, 1{')' if upper_open else ']'}, got {value:g}")
-        return value
-
-    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.get(name, str, default)
-        if value not in choices:
-            near = difflib.get_close_matches(value, choices, n=1)
-            extra = f" (did you mean {near[0]!r}?)" if near else ""
-            raise self.err(name, f"must be one of {', '.join(choices)}, got {value!r}{extra}")
-        return value
-
-    def strings(self, name: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        value = self.get(name, list, None)
-        if value is None:
-            return default
-        if not all(isinstance(v, str) and v for v in value):
-            raise self.err(name, "must be an array of non-empty strings")
-        return tuple(value)
-
-    def table(self, name: str) -> "_Table":
-        self.used.add(name)
-        return _Table(self.data.get(name, {}), self._key(name), self.hint)
-
-    def done(self) -> None:
-        for key in self.data:
-            if key not in self.used:
-                near = _near(key, sorted(self.used))
-                extra = f" (did you mean {near[0]}?)" if near else f"; known keys: {', '.join(sorted(self.used))}"
-                raise ConfigError(f"{self._key(key)}: unknown key{extra}", self.hint)
 
 
 def recorded_text(text: str) -> str:
@@ -353,33 +300,24 @@ def recorded_text(text: str) -> str:
 
 
 def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
-    """Check and resolve a config text. Raises :class:`ConfigError` naming the key to fix."""
-    try:
-        return _parse(text, source, base_dir, default_name)
-    except ConfigError as exc:  # a message quotes the offending value: never a credential on stderr
-        exc.message = redact_text(exc.message)
-        exc.args = (exc.message,)
-        raise
-
-
-def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialConfig:
+    """Check and resolve a config text. Raises :class:`ConfigError` naming the key to fix; every
+    value an error quotes is shown without credentials (:func:`capture.trial.config_read.shown`)."""
     hint = f"fix it in {source}; docs/trial.md lists every key"
     if any(line.strip() == "[signature]" for line in text.splitlines()):
         raise ConfigError(f"{source}: a line reads [signature]", "that line is reserved for the manifest's signature; remove it")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+        raise ConfigError(f"{source}: not valid TOML ({redact_text(str(exc).splitlines()[0])})", hint) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply to be a trial config", hint) from None
     extra = [k for k in doc if k != "trial"]
     if extra:
-        near = difflib.get_close_matches(extra[0], ["trial"], n=1)
-        more = " (did you mean trial?)" if near else "; every key lives under [trial]"
-        raise ConfigError(f"{extra[0]}: unknown top-level key{more}", hint)
+        more = " (did you mean trial?)" if difflib.get_close_matches(extra[0], ["trial"], n=1) else "; every key lives under [trial]"
+        raise ConfigError(f"{redact_text(extra[0])}: unknown top-level key{more}", hint)
     if "trial" not in doc:
         raise ConfigError(f"{source}: no [trial] table", hint)
-    t = _Table(doc["trial"], "trial", hint)
+    t = Table(doc["trial"], "trial", hint)
 
     name = redact_text(t.get("name", str, default_name))  # it names files and reports: never a credential
     seed = t.int("seed", 1234, 0)
@@ -387,58 +325,22 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
     device = t.choice("device", DEVICES, "auto")
     warmup = t.int("warmup_steps", 3, 0)
     measured = t.int("measured_steps", 20, 1)
-
-    m = t.table("model")
-    model = ModelConfig(
-        source=m.choice("source", MODEL_SOURCES, "from_config"),
-        repo_id=m.get("repo_id", str, None), revision=m.get("revision", str, None),
-        path=m.get("path", str, None), architecture=m.get("architecture", str, None),
-        config=dict(m.get("config", dict, {})),
-    )
-    if model.source == "hub" and not model.repo_id:
-        raise m.err("repo_id", 'required when source = "hub" (e.g. "gpt2")')
-    if model.source == "local" and not model.path:
-        raise m.err("path", 'required when source = "local" (a folder with config.json and weights)')
-    if model.source == "from_config":
-        if model.architecture is None:
-            raise m.err("architecture", f'required when source = "from_config": one of {", ".join(ARCHITECTURES)}')
-        if model.architecture not in ARCHITECTURES:
-            m.used.add("architecture")
-            near = difflib.get_close_matches(model.architecture, ARCHITECTURES, n=1)
-            extra = f" (did you mean {near[0]!r}?)" if near else ""
-            raise m.err("architecture", f"must be one of {', '.join(ARCHITECTURES)}, got {model.architecture!r}{extra}")
-    for key, wrong in (("repo_id", "hub"), ("revision", "hub"), ("path", "local"), ("architecture", "from_config")):
-        if getattr(model, key) is not None and model.source != wrong:
-            raise m.err(key, f'only used when source = "{wrong}" (source is "{model.source}")')
-    if model.config and model.source != "from_config":
-        raise m.err("config", f'only used when source = "from_config" (source is "{model.source}")')
-    m.done()
+    model = _model(t.table("model"), method)
+    training = _training(t.table("training"))
 
     lt = t.table("lora")
+    targets: tuple[str, ...] | str | None
+    if isinstance(lt.data.get("target_modules"), str):
+        targets = lt.get("target_modules", str, None)
+        if targets != "all-linear":
+            raise lt.err("target_modules", f'must be an array of module names or "all-linear", got {shown(targets)}')
+    else:
+        targets = lt.strings("target_modules", None)
     lora = LoraConfig(rank=lt.int("rank", 8, 1), alpha=lt.positive("alpha", 16.0),
-                      dropout=lt.fraction("dropout", 0.05), target_modules=lt.strings("target_modules", None))
+                      dropout=lt.fraction("dropout", 0.05), target_modules=targets)
     lt.done()
 
-    o = t.table("optimizer")
-    opt_name = o.choice("name", OPTIMIZERS, "adamw")
-    betas = o.get("betas", list, [0.9, 0.999])
-    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
-        raise o.err("betas", f"must be two numbers in [0, 1), got {betas!r}")
-    fused = o.get("fused", (str, bool), "auto")
-    if isinstance(fused, bool):
-        fused = "on" if fused else "off"
-    if fused not in ("auto", "on", "off"):
-        raise o.err("fused", f'must be "auto", true or false, got {fused!r}')
-    optimizer = OptimizerConfig(
-        name=opt_name, lr=o.positive("lr", 3e-4), weight_decay=o.get("weight_decay", float, 0.0),
-        betas=(float(betas[0]), float(betas[1])), eps=o.positive("eps", 1e-8),
-        momentum=o.fraction("momentum", 0.0), fused=fused,
-    )
-    if optimizer.weight_decay < 0:
-        raise o.err("weight_decay", f"must be >= 0, got {optimizer.weight_decay:g}")
-    if optimizer.momentum and opt_name != "sgd":
-        raise o.err("momentum", f'only used with name = "sgd" (name is "{opt_name}")')
-    o.done()
+    optimizer = _optimizer(t.table("optimizer"))
 
     s = t.table("scheduler")
     scheduler = SchedulerConfig(name=s.choice("name", SCHEDULERS, "constant"), warmup_steps=s.int("warmup_steps", 0, 0))
@@ -449,6 +351,8 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
     if precision.dtype == "fp16" and not precision.autocast:
         raise p.err("autocast", 'fp16 weights cannot be trained with a GradScaler; set autocast = true '
                                 '(fp32 weights, fp16 compute) or use dtype = "bf16"')
+    if model.quantization != "none" and precision.dtype == "fp32":
+        raise p.err("dtype", f'quantization = "{model.quantization}" computes in bf16 or fp16; set dtype = "bf16"')
     p.done()
 
     b = t.table("batch")
@@ -456,26 +360,7 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
                         grad_accum=b.int("grad_accum", 1, 1))
     b.done()
 
-    d = t.table("data")
-    data = DataConfig(
-        source=d.choice("source", DATA_SOURCES, "corpus"), tokenizer=d.choice("tokenizer", TOKENIZERS, "bytes"),
-        path=d.get("path", str, None), repo_id=d.get("repo_id", str, None), revision=d.get("revision", str, None),
-        text_field=d.get("text_field", str, "text"), files=d.strings("files", DataConfig.files) or DataConfig.files,
-        validation_fraction=d.fraction("validation_fraction", 0.1),
-        synthetic_sequences=d.int("synthetic_sequences", 256, 2),
-    )
-    if data.source == "local" and not data.path:
-        raise d.err("path", 'required when source = "local" (a folder or file of .txt/.jsonl/.json)')
-    if data.source == "hub" and not data.repo_id:
-        raise d.err("repo_id", 'required when source = "hub" (a dataset repo in the local hub cache)')
-    for key, wrong in (("path", "local"), ("repo_id", "hub"), ("revision", "hub")):
-        if getattr(data, key) is not None and data.source != wrong:
-            raise d.err(key, f'only used when source = "{wrong}" (source is "{data.source}")')
-    if data.tokenizer == "model" and data.source == "synthetic":
-        raise d.err("tokenizer", 'synthetic data needs no tokenizer; use tokenizer = "bytes" or leave it out')
-    if data.tokenizer == "model" and model.source == "from_config":
-        raise d.err("tokenizer", '"model" needs a model with a tokenizer (source = "hub" or "local"); use "bytes"')
-    d.done()
+    data = _data(t.table("data"), model)
 
     v = t.table("validation")
     validation = ValidationConfig(every_steps=v.int("every_steps", 100, 1), batches=v.int("batches", 4, 1))
@@ -493,12 +378,11 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
     withhold = r.strings("withhold", ()) or ()
     for w in withhold:
         if w not in RECOVERY_COMPONENTS:
-            near = difflib.get_close_matches(w, RECOVERY_COMPONENTS, n=1)
-            extra = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(RECOVERY_COMPONENTS)}"
-            raise r.err("withhold", f"unknown component {w!r}{extra}")
+            extra = did_you_mean(w, RECOVERY_COMPONENTS) or f"; known: {', '.join(RECOVERY_COMPONENTS)}"
+            raise r.err("withhold", f"unknown component {shown(w)}{extra}")
     deterministic = r.get("deterministic", (bool, str), "auto")
     if isinstance(deterministic, str) and deterministic != "auto":
-        raise r.err("deterministic", f'must be "auto", true or false, got {deterministic!r}')
+        raise r.err("deterministic", f'must be "auto", true or false, got {shown(deterministic)}')
     recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1),
                               total_steps=r.int("total_steps", 4, 2), withhold=withhold,
                               sensitivity=r.get("sensitivity", bool, True),
@@ -510,11 +394,139 @@ def _parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCo
 
     return TrialConfig(
         name=name, seed=seed, method=method, device=device, warmup_steps=warmup, measured_steps=measured,
-        model=model, lora=lora, optimizer=optimizer, scheduler=scheduler, precision=precision, batch=batch,
-        data=data, validation=validation, checkpoint=checkpoint, recovery=recovery,
+        model=model, training=training, lora=lora, optimizer=optimizer, scheduler=scheduler, precision=precision,
+        batch=batch, data=data, validation=validation, checkpoint=checkpoint, recovery=recovery,
         source_text=recorded_text(text), source_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         source=source, base_dir=str(base_dir),
     )
+
+
+def _model(m: Table, method: str) -> ModelConfig:
+    source = m.choice("source", MODEL_SOURCES, "from_config")
+    model = ModelConfig(
+        source=source, repo_id=m.get("repo_id", str, None), revision=m.get("revision", str, None),
+        path=m.get("path", str, None), config_file=m.get("config_file", str, None),
+        architecture=m.get("architecture", str, None), config=dict(m.get("config", dict, {})),
+        attn_implementation=m.get("attn_implementation", str, None),
+        quantization=m.choice("quantization", QUANTIZATIONS, "none"),
+    )
+    if source == "hub" and not model.repo_id:
+        raise m.err("repo_id", 'required when source = "hub" (e.g. "gpt2")')
+    if source == "local" and not model.path:
+        raise m.err("path", 'required when source = "local" (a folder with config.json and weights)')
+    if source == "from_config":
+        if model.architecture is None and model.config_file is None:
+            raise m.err("architecture", 'required when source = "from_config", or config_file: config_file = '
+                                        '"config.json" uses a real model\'s config as written; architecture = "llama" '
+                                        'with [trial.model.config] describes a shape by hand')
+        if model.architecture is not None and model.config_file is not None:
+            raise m.err("architecture", "give config_file or architecture, not both (the config file names its model_type)")
+        if model.architecture is not None and not model.architecture.strip():
+            raise m.err("architecture", "must name a transformers model type (llama, qwen2, mistral, gemma2, phi3, gpt2, ...)")
+    for key, wrong in (("repo_id", "hub"), ("revision", "hub"), ("path", "local"), ("architecture", "from_config"),
+                       ("config_file", "from_config")):
+        m.only_with(key, getattr(model, key), source == wrong, f'source = "{wrong}" (source is "{source}")')
+    if model.config and source != "from_config":
+        raise m.err("config", f'only used when source = "from_config" (source is "{source}")')
+    for key in model.config:
+        if key in ("_attn_implementation", "attn_implementation"):
+            raise ConfigError(f"trial.model.config.{key}: set the attention kernel with trial.model.attn_implementation",
+                              f'e.g. attn_implementation = "eager"; known: {", ".join(ATTN_IMPLEMENTATIONS)}')
+        if key in ("quantization_config",):
+            raise ConfigError(f"trial.model.config.{key}: set quantization with trial.model.quantization",
+                              f'one of {", ".join(QUANTIZATIONS)}')
+    if model.attn_implementation is not None and model.attn_implementation not in ATTN_IMPLEMENTATIONS:
+        value = model.attn_implementation
+        raise m.err("attn_implementation", f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {shown(value)}"
+                                           f"{did_you_mean(value, ATTN_IMPLEMENTATIONS)}")
+    if model.quantization != "none" and method != "lora":
+        raise m.err("quantization", f'a {model.quantization} base is frozen: train adapters on it with method = "lora" '
+                                    "(QLoRA), or set quantization = \"none\" for a full fine-tune")
+    m.done()
+    return model
+
+
+def _training(g: Table) -> TrainingConfig:
+    training = TrainingConfig(
+        gradient_checkpointing=g.get("gradient_checkpointing", bool, False), compile=g.get("compile", bool, False),
+        loss=g.choice("loss", LOSSES, "standard"), loss_chunk_size=g.int("loss_chunk_size", 1024, 16))
+    if g.has("loss_chunk_size") and training.loss != "chunked":
+        raise g.err("loss_chunk_size", 'only used with loss = "chunked"')
+    g.done()
+    return training
+
+
+def _optimizer(o: Table) -> OptimizerConfig:
+    opt_name = o.choice("name", OPTIMIZERS, "adamw")
+    betas = o.get("betas", list, [0.9, 0.999])
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
+        raise o.err("betas", f"must be two numbers in [0, 1), got {shown(betas)}")
+    fused = o.get("fused", (str, bool), "auto")
+    if isinstance(fused, bool):
+        fused = "on" if fused else "off"
+    if fused not in ("auto", "on", "off"):
+        raise o.err("fused", f'must be "auto", true or false, got {shown(fused)}')
+    if fused == "on" and opt_name not in ("adamw", "adam", "sgd"):
+        raise o.err("fused", f'{opt_name} has no fused torch kernel; leave fused = "auto"')
+    default_lr = 1e-2 if opt_name == "adafactor" else 3e-4
+    optimizer = OptimizerConfig(
+        name=opt_name, lr=o.positive("lr", default_lr), weight_decay=o.get("weight_decay", float, 0.0),
+        betas=(float(betas[0]), float(betas[1])), eps=o.positive("eps", 1e-8),
+        momentum=o.fraction("momentum", 0.0), fused=fused,
+    )
+    if optimizer.weight_decay < 0:
+        raise o.err("weight_decay", f"must be >= 0, got {optimizer.weight_decay:g}")
+    if optimizer.momentum and opt_name != "sgd":
+        raise o.err("momentum", f'only used with name = "sgd" (name is "{opt_name}")')
+    if opt_name == "adafactor" and o.has("betas"):
+        raise o.err("betas", "adafactor keeps no first moment and decays its second by step (torch.optim.Adafactor); "
+                             "leave betas out")
+    o.done()
+    return optimizer
+
+
+def _data(d: Table, model: ModelConfig) -> DataConfig:
+    has_tokenizer = model.pretrained or model.config_file is not None
+    default_tok = "model" if model.pretrained else "bytes"
+    data = DataConfig(
+        source=d.choice("source", DATA_SOURCES, "corpus"), tokenizer=d.choice("tokenizer", TOKENIZERS, default_tok),
+        path=d.get("path", str, None), repo_id=d.get("repo_id", str, None), revision=d.get("revision", str, None),
+        format=d.choice("format", DATA_FORMATS, "text"), text_field=d.get("text_field", str, "text"),
+        messages_field=d.get("messages_field", str, "messages"),
+        assistant_only_loss=d.get("assistant_only_loss", bool, False), packing=d.get("packing", bool, True),
+        files=d.strings("files", DataConfig.files) or DataConfig.files,
+        validation_fraction=d.fraction("validation_fraction", 0.1),
+        synthetic_sequences=d.int("synthetic_sequences", 256, 2),
+    )
+    if data.source == "local" and not data.path:
+        raise d.err("path", 'required when source = "local" (a folder or file of .txt/.jsonl/.json)')
+    if data.source == "hub" and not data.repo_id:
+        raise d.err("repo_id", 'required when source = "hub" (a dataset repo in the local hub cache)')
+    for key, wrong in (("path", "local"), ("repo_id", "hub"), ("revision", "hub")):
+        d.only_with(key, getattr(data, key), data.source == wrong, f'source = "{wrong}" (source is "{data.source}")')
+    if data.source == "synthetic":
+        if d.has("tokenizer"):
+            raise d.err("tokenizer", "synthetic data needs no tokenizer (uniform random ids); leave it out")
+        if data.format != "text" or not data.packing:
+            raise d.err("format" if data.format != "text" else "packing",
+                        "synthetic data is full-length random sequences; format and packing apply to real data")
+    elif data.tokenizer == "model" and not has_tokenizer:
+        raise d.err("tokenizer", '"model" needs a model with a tokenizer (source = "hub" or "local", or a config_file '
+                                 'whose folder holds the tokenizer files); use "bytes"')
+    elif data.tokenizer == "bytes" and model.pretrained:
+        raise d.err("tokenizer", '"bytes" would feed byte ids to a pretrained model, whose vocabulary means something '
+                                 'else; use tokenizer = "model" (the default for a pretrained model)')
+    if data.format == "chat":
+        if data.tokenizer != "model":
+            raise d.err("format", '"chat" renders messages with the model\'s chat template: set tokenizer = "model"')
+        if data.source == "corpus":
+            raise d.err("format", '"chat" needs rows of messages (source = "local" or "hub", .jsonl/.json files)')
+    if d.has("assistant_only_loss") and data.format != "chat":
+        raise d.err("assistant_only_loss", 'only used with format = "chat"')
+    if d.has("messages_field") and data.format != "chat":
+        raise d.err("messages_field", 'only used with format = "chat"')
+    d.done()
+    return data
 
 
 def load_config(path: str | Path) -> TrialConfig:
@@ -547,7 +559,7 @@ def load_example(name: str) -> TrialConfig:
         near = difflib.get_close_matches(name, names, n=1)
         extra = f" (did you mean {near[0]}?)" if near else ""
         raise ConfigError(f"--example: no example named {name!r}{extra}", f"shipped examples: {', '.join(names)}")
-    res = resources.files("capture.trial") / "examples" / f"{name}.toml"
-    text = res.read_text(encoding="utf-8")
-    return parse(text, f"example:{name}", Path("."), name)
+    folder = resources.files("capture.trial") / "examples"
+    text = (folder / f"{name}.toml").read_text(encoding="utf-8")
+    return parse(text, f"example:{name}", Path(str(folder)), name)  # config_file paths are the examples' own
 

@@ -43,16 +43,27 @@ class PhaseTimer:
 @dataclass(frozen=True)
 class Price:
     per_hour: float
-    """Price of one device for one hour, in the user's currency."""
+    """Price of one device for one hour, in ``currency``."""
     source: str
+    currency: str | None = None
 
 
-def resolve_price(cli_price: float | None, tested_card: Any) -> Price | None:
+def resolve_price(cli_price: float | None, tested_card: Any, currency: str | None = None) -> Price | None:
+    """``--price-per-hour`` (in ``currency``, else the catalog's), else the tested card's catalog price."""
     if cli_price is not None:
-        return Price(cli_price, "--price-per-hour")
+        return Price(cli_price, "--price-per-hour", currency or _catalog_currency(None))
     if tested_card is not None and getattr(tested_card, "price_per_hour", None):
-        return Price(tested_card.price_per_hour, f"catalog ({tested_card.source}): {tested_card.name}")
+        return Price(tested_card.price_per_hour, f"catalog ({tested_card.source}): {tested_card.name}",
+                     getattr(tested_card, "currency", None) or _catalog_currency(None))
     return None
+
+
+def _catalog_currency(card: Any) -> str | None:
+    if card is not None and getattr(card, "currency", None):
+        return str(card.currency)
+    from capture.costs import default_currency
+
+    return default_currency()
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,8 @@ def cost_table(*, timer: PhaseTimer, wall_total_s: float, price: Price | None, t
     else:
         total = wall_total_s / 3600 * price.per_hour
         out.update(price_per_hour=price.per_hour, price_source=price.source, trial_cost=total)
+        if price.currency:
+            out["currency"] = price.currency
         if trained_tokens:
             out["cost_per_million_trained_tokens"] = total / (trained_tokens / 1e6)
     if projection is not None:

@@ -23,16 +23,21 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-HASH_BASIS = "sha256 of each micro-batch's input ids (their bytes, row-major), in the order the step consumed them"
+HASH_BASIS = ("sha256 of each micro-batch's input ids (dtype, shape, then their bytes row-major: "
+              "capture.trial.build.data.Batch.token_hash), in the order the step consumed them")
 
 
 def batch_hash(batch: Any) -> str:
-    """sha256 of a micro-batch's input ids (a tensor, or the ``input_ids`` of a mapping)."""
+    """sha256 of a micro-batch's input ids: a :class:`~capture.trial.build.data.Batch`'s
+    ``token_hash``, the same digest for a tensor of ids or a mapping with ``input_ids``."""
+    if hasattr(batch, "token_hash"):
+        return "sha256:" + batch.token_hash()
     import torch
 
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else batch
     if isinstance(ids, torch.Tensor):
-        return "sha256:" + hashlib.sha256(ids.detach().to("cpu").contiguous().numpy().tobytes()).hexdigest()
+        t = ids.detach().to("cpu").contiguous()
+        return "sha256:" + hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode() + t.numpy().tobytes()).hexdigest()
     from capture.trial.state import value_hash
 
     return value_hash(ids)

@@ -51,13 +51,10 @@ def reset_peak_rss() -> bool:
 
 
 def mem_total_bytes() -> int | None:
-    """Host memory (MemTotal of /proc/meminfo)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            m = re.search(r"^MemTotal:\s+(\d+) kB", f.read(), re.M)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
+    """Host memory (MemTotal of /proc/meminfo), as the host probe reads it."""
+    from capture.probes.host import memory_total_bytes
+
+    return memory_total_bytes()
 
 
 # --------------------------------------------------------------------------- NVML / amdsmi
@@ -298,3 +295,12 @@ class DeviceMemory:
             return MemoryReading("cuda", torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device),
                                  used, used_src, total, total_src)
         return MemoryReading(self.type, None, None, used, used_src, total, total_src)
+
+
+def allocated_bytes(device: Any) -> int:
+    """Bytes of tensors the allocator holds now (0 on a CPU, where the estimate counts tensors)."""
+    if getattr(device, "type", "") == "cuda":
+        import torch
+
+        return int(torch.cuda.memory_allocated(device))
+    return 0

@@ -45,6 +45,8 @@ class Card:
     peak_bf16_dense_flops: float | None = None
     price_per_hour: float | None = None
     source: str = "shipped"
+    currency: str = "USD"
+    """The currency of ``price_per_hour``: the entry's ``currency``, else its file's header ``currency``."""
 
     def matches(self, device_name: str) -> bool:
         return re.search(self.match, device_name, re.I) is not None
@@ -54,6 +56,8 @@ class Card:
 class Catalog:
     cards: tuple[Card, ...]
     sources: tuple[str, ...]
+    currency: str = "USD"
+    """The currency prices are stated in (the last catalog file's header ``currency``)."""
 
     def match(self, device_name: str | None) -> Card | None:
         if not device_name:
@@ -64,19 +68,32 @@ class Catalog:
         return next((c for c in self.cards if c.name == name), None)
 
 
-def _parse_catalog(text: str, source: str) -> list[Card]:
+_CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9 ._$€£¥-]{0,15}")
+
+
+def _currency(value: Any, where: str, hint: str) -> str:
+    if not isinstance(value, str) or not _CURRENCY.fullmatch(value):
+        raise ConfigError(f"{where}: must be a short currency name such as \"USD\" or \"EUR\", got {value!r}", hint)
+    return value
+
+
+def _parse_catalog(text: str, source: str, currency: str = "USD") -> tuple[list[Card], str | None]:
+    """The cards of one catalog file, and its header ``currency`` (None when it has none)."""
     hint = f"fix {source}; see capture/data/accelerators.toml for the format"
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
-    unknown = [k for k in doc if k != "accelerator"]
+    unknown = [k for k in doc if k not in ("accelerator", "currency")]
     if unknown:
-        raise ConfigError(f"{source}: {unknown[0]}: unknown key (the file holds [[accelerator]] tables)", hint)
+        raise ConfigError(f"{source}: {unknown[0]}: unknown key (the file holds a currency and [[accelerator]] tables)",
+                          hint)
+    header = _currency(doc["currency"], f"{source}: currency", hint) if "currency" in doc else None
+    currency = header or currency
     entries = doc.get("accelerator", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{source}: accelerator must be an array of tables ([[accelerator]])", hint)
-    known = {"name", "vendor", "match", "memory_bytes", "peak_bf16_dense_flops", "price_per_hour"}
+    known = {"name", "vendor", "match", "memory_bytes", "peak_bf16_dense_flops", "price_per_hour", "currency"}
     cards = []
     for i, e in enumerate(entries):
         where = f"{source}: accelerator[{i}]"
@@ -100,16 +117,19 @@ def _parse_catalog(text: str, source: str) -> list[Card]:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
                 raise ConfigError(f"{where}.{key}: must be a positive number, got {v!r}", hint)
             numbers[key] = float(v) if v is not None else None
+        own = _currency(e["currency"], f"{where}.currency", hint) if "currency" in e else currency
         cards.append(Card(name=name, vendor=str(e.get("vendor", "")), match=match, memory_bytes=mem,
-                          source=source, **numbers))
-    return cards
+                          source=source, currency=own, **numbers))
+    return cards, header
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     """The shipped catalog, overlaid by ~/.config/capture/accelerators.toml and then ``path``
     (entries with the same name replace earlier ones; new names are added)."""
     shipped = (resources.files("capture") / "data" / "accelerators.toml").read_text(encoding="utf-8")
-    by_name: dict[str, Card] = {c.name: c for c in _parse_catalog(shipped, "capture/data/accelerators.toml")}
+    cards, header = _parse_catalog(shipped, "capture/data/accelerators.toml")
+    currency = header or "USD"
+    by_name: dict[str, Card] = {c.name: c for c in cards}
     sources = ["capture/data/accelerators.toml"]
     layers = [user_catalog_path()]
     if path is not None:
@@ -124,10 +144,12 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
-        for card in _parse_catalog(text, str(p)):
+        cards, header = _parse_catalog(text, str(p), currency)
+        for card in cards:
             by_name[card.name] = card
+        currency = header or currency
         sources.append(str(p))
-    return Catalog(tuple(by_name.values()), tuple(sources))
+    return Catalog(tuple(by_name.values()), tuple(sources), currency)
 
 
 def cards_fit(measured_bytes: int, headroom: float, catalog: Catalog, tested: Card | None, basis: str) -> list[dict[str, Any]]:
@@ -241,20 +263,10 @@ def try_micro_batch(config: Any, device: Any, micro_batch: int, usable_bytes: in
 
 def _per_sample_bytes_estimate(wl: Any, config: Any, device: Any) -> int:
     """What one more sequence in the micro-batch costs, by the memory estimate (capture.trial.memory)."""
-    from capture.trial.memory import estimate, shape_of
+    from capture.trial import memory
 
-    dtype = str(next(wl.model.parameters()).dtype).removeprefix("torch.")
-    weight_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
-    p = config.precision
-
-    def at(mb: int) -> int:
-        return estimate(shape=shape_of(wl.model), params_total=wl.params_total, params_trainable=wl.params_trainable,
-                        weight_dtype=weight_dtype, precision=p.dtype, autocast=p.autocast,
-                        optimizer=config.optimizer.name, momentum=config.optimizer.momentum, micro_batch=mb,
-                        seq_len=config.batch.max_seq_len, device_type=device.type, framework_overhead_bytes=None,
-                        framework_overhead_source="").total_bytes
-
-    return max(1, at(2) - at(1))
+    plan = memory.plan_for(config, device.type)
+    return max(1, memory.estimate_plan(plan, 2).total_bytes - memory.estimate_plan(plan, 1).total_bytes)
 
 
 class _Search:

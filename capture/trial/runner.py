@@ -55,7 +55,7 @@ from capture.fmt import bytes_str
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
-from capture.trial import scratch, state
+from capture.trial import measured, scratch, state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
 from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
@@ -156,11 +156,14 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         import torch
 
         from capture.trial import devmem
-        from capture.trial.memory import estimate, shape_of
+        from capture.trial import memory as memory_mod
+        from capture.trial.build.data import longest_batch_len
+        from capture.trial.build.model import preflight as model_preflight
         from capture.trial.recorder import Recorder, device_name
         from capture.trial.workload import build_workload, import_model_code, resolve_device
 
         _quiet_libraries()
+        model_preflight(config)  # packages and the model's config, before anything is measured (exit 2)
         import_model_code(config)  # transformers imports the model's module lazily: import time, not load time
         if config.method == "lora":
             import peft  # noqa: F401  (its import time belongs to this phase, not to loading)
@@ -204,12 +207,14 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     written = False
     oom: str | None = None
     failed_at: str | None = None
+    trained_tokens = 0
     wl = None
     est = None
     rec = None
     completed_steps = 0
     try:
         say(f"building the {config.method} workload on {device} ({name})")
+        allocated_before = devmem.allocated_bytes(device)
         with timer.phase("load"):
             try:
                 wl = build_workload(config, device)
@@ -222,42 +227,55 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 overhead = max(0, (devmem.rss_bytes() or 0) - wl.tensor_bytes())
                 overhead_src = ("RSS after the model and data were built, less their tensors' bytes "
                                 "(interpreter, libraries, allocator slack)")
+        weights_measured = None
+        if wl is not None:
+            weights_measured = (devmem.allocated_bytes(device) - allocated_before if device.type == "cuda"
+                                else wl.tensor_bytes())
         run = _run_table(config, device, name, wl)
         trial["run"] = run
 
         if wl is not None:
             with timer.phase("estimate"):
-                p = config.precision
-                est = estimate(shape=shape_of(wl.model), params_total=wl.params_total, params_trainable=wl.params_trainable,
-                               weight_dtype=_short_dtype(wl), precision=p.dtype, autocast=p.autocast,
-                               optimizer=config.optimizer.name, momentum=config.optimizer.momentum,
-                               micro_batch=config.batch.micro_batch_size, seq_len=config.batch.max_seq_len,
-                               device_type=device.type, framework_overhead_bytes=overhead,
-                               framework_overhead_source=overhead_src)
+                seq = longest_batch_len(wl.data, config.batch.micro_batch_size)
+                plan = memory_mod.plan_for(config, device.type, seq=seq,
+                                           seq_source="the longest batch of the data" if seq != config.batch.max_seq_len
+                                           else "trial.batch.max_seq_len (every batch is that long)")
+                est = memory_mod.estimate_plan(plan, config.batch.micro_batch_size, overhead, overhead_src)
             say(f"memory estimate before running: {bytes_str(est.total_bytes)} "
-                + ", ".join(f"{t.name} {bytes_str(t.bytes)}" for t in est.terms))
+                + ", ".join(f"{t.name} {bytes_str(t.bytes)}" for t in est.terms if t.bytes))
+            if wl.compiled:
+                say("torch.compile: compiling before the first step (timed on its own)")
+                with timer.phase("compile"):
+                    trial["compile"] = wl.compile_now()
+                trial["compile"]["duration_s"] = timer.phases.get("compile")
 
             w, n = config.warmup_steps, config.measured_steps
             say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
-                rec = Recorder(device, warmup_steps=w, precision=p.dtype,
+                rec = Recorder(device, warmup_steps=w, precision=config.precision.dtype,
                                params_total=wl.params_total, params_trainable=wl.params_trainable, catalog=catalog,
                                memory=dm, expected_steps=w + n)
+                step_tokens: list[tuple[int, int]] = []
                 try:
                     with rec:
                         batches = rec.batches(wl.loader)
                         for _ in range(w + n):
                             loss = wl.train_step_async(batches)
-                            rec.step(tokens=wl.tokens_per_step, loss=loss)
+                            rec.step(tokens=wl.last_tokens, loss=loss)
+                            step_tokens.append((wl.last_tokens, wl.last_pad_tokens))
                 except Exception as exc:
                     if not is_oom(exc):
                         raise
                     oom, failed_at = oom_text(exc), f"training step {rec.steps + 1} of {w + n}"
                 completed_steps = rec.steps
             result = rec.result
-            trial["memory"] = _memory_table(est, result.memory, overhead)
+            trial["memory"] = measured.memory_table(est, result.memory, overhead, weights_measured, wl)
             trial["steps"] = result.steps_table()
             trial["stats"] = result.stats_table() if oom is None else {"skipped": f"the run did not fit ({failed_at})"}
+            trained_tokens = sum(t for t, _ in step_tokens)
+            if oom is None:
+                measured.token_accounting(trial, step_tokens, w)
+                measured.attention_mfu(trial["stats"], plan, config)
 
             if oom is None:
                 with timer.phase("validation"):
@@ -271,7 +289,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             trial["memory"] = {"estimate_skipped": "the model did not fit"}
 
         train_tokens_in_data = run.get("data", {}).get("train_tokens")
-        tokens_per_step = config.tokens_per_step
+        tokens_per_step = trial.get("stats", {}).get("tokens_per_step") or config.tokens_per_step
         del wl
         wl = None
         release_memory(device)
@@ -307,7 +325,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
         price = resolve_price(opts.price_per_hour, tested_card)
         trial["cost"] = cost_table(timer=timer, wall_total_s=timer.total_s(), price=price,
-                                   trained_tokens=completed_steps * tokens_per_step, completed_steps=completed_steps,
+                                   trained_tokens=trained_tokens, completed_steps=completed_steps,
                                    projection=projection, device_name=name)
         trial["cost"]["wall_clock_note"] = ("from the start of the trial command to the cost table; the report, "
                                             "signing and writing the manifest come after it")
@@ -363,27 +381,6 @@ def _run_table(config: TrialConfig, device: Any, name: str, wl: Any) -> dict[str
     return run
 
 
-def _short_dtype(wl: Any) -> str:
-    dtype = str(next(wl.model.parameters()).dtype).removeprefix("torch.")
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, "fp32")
-
-
-def _memory_table(est: Any, reading: Any, overhead: int | None) -> dict[str, Any]:
-    from capture.trial.memory import relative_error
-
-    measured = reading.to_manifest()
-    out: dict[str, Any] = {"estimate": est.to_manifest(), "measured": measured}
-    if overhead is not None:
-        out["framework_overhead_bytes"] = overhead
-    err = relative_error(est.total_bytes, reading.device_used_bytes)
-    if err is not None:
-        out["estimate_error"] = err
-        out["estimate_error_basis"] = f"(estimate total - measured device use) / measured device use; measured: {reading.device_used_source}"
-    if reading.peak_allocated_bytes:
-        out["allocator_estimate_error"] = relative_error(est.allocator_bytes, reading.peak_allocated_bytes)
-    return out
-
-
 def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
     if wl.val_source is None:
         return {"skipped": "trial.data.validation_fraction = 0: no held-out data"}
@@ -420,7 +417,8 @@ def _checkpoint(wl: Any, config: TrialConfig, workdir: Path, steps: int) -> dict
                            "bytes_per_s": timing.size_bytes / timing.durable_s if timing.durable_s else None,
                            "blocked_s": timing.blocked_s, "durable_s": timing.durable_s, "fsync": True,
                            "contents": sorted(k for k in saved if k not in ("format", "step")),
-                           "model_state": "adapter" if state.is_adapter(wl.model) else "full", "format": c.format, "every_steps": c.every_steps,
+                           "model_state": "adapter" if state.is_adapter(wl.model) else "full", "format": c.format,
+                           "every_steps": c.every_steps,
                            "note": "written to the trial's work folder (beside the manifest) and removed; "
                                    "durable_s includes fsync; blocked_s is how long training waits"}
     try:

@@ -1,7 +1,8 @@
 # CI stand-in for AMD's rocm/pytorch image: the local Debian base (`make base-local`) with torch
 # installed the way rocm/pytorch ships it, in a venv at /opt/venv that is first on PATH. The CPU
 # torch wheel stands in for AMD's ROCm build. No registry, no index: the context holds the wheels.
-ARG BASE_IMAGE=capture-local/bookworm-python:base
+# No default: the local base has no registry digest to pin, so the build names it (build_standin_base).
+ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY lock.txt /build/lock.txt

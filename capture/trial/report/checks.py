@@ -132,8 +132,9 @@ def _state_of(text: str) -> str:
     return ""
 
 
-def verdict_panel(m: Mapping[str, Any], signature: str | None = None) -> list[Verdict]:
-    """Signature, stack, fit with headroom, recovery, tokens/s, MFU, cost per million tokens."""
+def verdict_panel(m: Mapping[str, Any], signature: str | None = None, cost: Any = None) -> list[Verdict]:
+    """Signature, stack, fit with headroom, recovery, tokens/s, MFU, the three cost figures
+    (:mod:`capture.costs`; ``cost``: figures a caller computed), preflight and scaling."""
     out: list[Verdict] = []
 
     def add(label: str, value: str, state: str | None = None) -> None:
@@ -164,12 +165,15 @@ def verdict_panel(m: Mapping[str, Any], signature: str | None = None) -> list[Ve
         "warn" if _is_num(cv) and cv > HIGH_CV else "" if _is_num(tps) else "none")
     mfu = stats.get("mfu")
     add("MFU", percent_str(mfu) if _is_num(mfu) else str(stats.get("mfu_note") or NOT_MEASURED), "" if _is_num(mfu) else "none")
-    cost = _table(m, "trial.cost") or {}
-    cpm = cost.get("cost_per_million_trained_tokens")
-    price = cost.get("price_per_hour")
-    add("cost / M tokens", f"{cpm:.4g}" + (f" (price {price:g}/h" + (f", {cost['price_source']}" if cost.get("price_source") else "")
-                                           + ")" if _is_num(price) else "")
-        if _is_num(cpm) else str(cost.get("price_note") and "no price given" or NOT_MEASURED), "" if _is_num(cpm) else "none")
+    if _table(m, "trial.cost"):
+        from capture import costs
+
+        fig = cost if cost is not None else costs.figures(m)
+        priced = fig.trial_cost is not None or fig.steady_cost_per_million_tokens is not None
+        for name, text in fig.texts():
+            add(name, text, "" if priced or name == costs.PROJECTED and fig.projection else "none")
+    else:
+        add("cost", NOT_MEASURED, "none")
     scaling = _table(m, "scaling")
     if scaling and not _skipped(scaling):
         effs = [(s, scaling[s]["efficiency"]) for s in STRATEGIES

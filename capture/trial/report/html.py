@@ -24,6 +24,8 @@ from capture.trial.report.values import _first, _get, _is_num, _table
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:64em;color:#1d232a;padding:0 1em}
+td,li,p,code,.panel div{overflow-wrap:break-word}.panel div{min-width:0}.long,.panel div{overflow-wrap:anywhere}
+td.fig{white-space:nowrap}
 h1{font-size:1.4em}h2{font-size:1.1em;margin:1.6em 0 .3em;border-bottom:1px solid #ccd}
 p.status{margin:.2em 0 .6em;font-weight:600}.ok{color:#17692d}.bad{color:#a4161a}.none{color:#778}
 table{border-collapse:collapse;margin:.4em 0}td,th{padding:.15em .9em .15em 0;text-align:left;vertical-align:top}
@@ -32,8 +34,8 @@ svg{display:block;margin:.5em 0;max-width:100%;height:auto}svg text{font:11px sy
 .panel{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1.2em;background:#f4f6f8;border:1px solid #ccd;
 border-radius:6px;padding:.8em 1em;margin:1em 0}.panel .k{color:#556;font-weight:600}.warn{color:#8a5a00}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}tr.untrusted td{color:#a4161a}
-nav a{margin-right:1em}.muted{color:#667}body.site{max-width:100em}.scroll{overflow-x:auto}
-table.ranked{font-size:13px}table.ranked td,table.ranked th{padding:.2em .7em .2em 0}table.ranked tr:nth-child(even){background:#f7f8fa}
+nav a{margin-right:1em}.muted{color:#667}body.site{max-width:100em}ul.answer li{margin:.3em 0}
+table.ranked{font-size:13px}table.ranked td,table.ranked th{padding:.2em .5em .2em 0}table.ranked tr:nth-child(even){background:#f7f8fa}
 """
 CSS = _CSS
 
@@ -184,22 +186,32 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def panel_html(manifest: Mapping[str, Any], signature: str | None = None) -> str:
+def panel_html(manifest: Mapping[str, Any], signature: str | None = None, cost: Any = None) -> str:
     """The verdict panel: signature, stack, fit and headroom, recovery, tokens/s, MFU, cost."""
     return ('<div class="panel" role="region" aria-label="verdict">'
             + "".join(f'<div class="k">{_e(v.label)}</div><div class="{_e(v.state)}">{_e(v.value)}</div>'
-                      for v in verdict_panel(manifest, signature)) + "</div>")
+                      for v in verdict_panel(manifest, signature, cost)) + "</div>")
+
+
+def td(value: Any, cls: str = "") -> str:
+    """A cell; one holding a token too long to wrap at a space (a hash, a path) may break anywhere,
+    so that no table is wider than the page."""
+    text = str(value)
+    if any(len(w) > 24 for w in text.split()):
+        cls = f"{cls} long".strip()
+    return f'<td class="{cls}">{_e(text)}</td>' if cls else f"<td>{_e(text)}</td>"
 
 
 def grid_html(headers: list[str], rows: list[list[str]]) -> str:
     return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+            + "".join("<tr>" + "".join(td(c) for c in row) + "</tr>" for row in rows) + "</table>")
 
 
-def report_body(manifest: Mapping[str, Any], signature: str | None = None) -> str:
-    """The report without the page around it (the decision site wraps it in its own navigation)."""
-    body = [f"<h1>{_e(title(manifest))}</h1>", panel_html(manifest, signature)]
-    for sec in sections(manifest):
+def report_body(manifest: Mapping[str, Any], signature: str | None = None, cost: Any = None) -> str:
+    """The report without the page around it (the decision site wraps it in its own navigation).
+    ``cost``: the cost figures to show (the decision's, at its price and target)."""
+    body = [f"<h1>{_e(title(manifest))}</h1>", panel_html(manifest, signature, cost)]
+    for sec in sections(manifest, cost):
         body.append(f"<h2>{_e(sec.title)}</h2>")
         if sec.status:
             body.append(f'<p class="status {_status_class(sec.status)}">{_e(sec.status)}</p>')
@@ -208,7 +220,7 @@ def report_body(manifest: Mapping[str, Any], signature: str | None = None) -> st
         if sec.title == "Memory":
             body.append(memory_svg(manifest))
         if sec.rows:
-            body.append("<table>" + "".join(f'<tr><td class="k">{_e(k.strip())}</td><td>{_e(v)}</td></tr>'
+            body.append("<table>" + "".join(f'<tr><td class="k">{_e(k.strip())}</td>{td(v)}</tr>'
                                             for k, v in sec.rows) + "</table>")
         for grid in sec.grids:
             body.append(grid_html(grid.headers, grid.rows))
@@ -224,9 +236,9 @@ def page(page_title: str, body: str) -> str:
             + body + "\n</body></html>\n")
 
 
-def render_html(manifest: Mapping[str, Any], signature: str | None = None) -> str:
+def render_html(manifest: Mapping[str, Any], signature: str | None = None, cost: Any = None) -> str:
     """One self-contained page: inline CSS and SVG, no scripts, no external assets."""
-    return page(title(manifest), report_body(manifest, signature))
+    return page(title(manifest), report_body(manifest, signature, cost))
 
 
 def write_html(manifest: Mapping[str, Any], path: Path) -> Path:

@@ -12,8 +12,10 @@ from capture.trial.report.sections import (Section, _cost_section, _fit_section,
 from capture.trial.report.values import _table
 
 
-def sections(m: Mapping[str, Any]) -> list[Section]:
-    """The report's content, shared by the terminal and HTML renderers, in run order."""
+def sections(m: Mapping[str, Any], cost: Any = None) -> list[Section]:
+    """The report's content, shared by the terminal and HTML renderers, in run order. ``cost``: the
+    cost figures to show (:class:`capture.costs.CostFigures`; default: the manifest's own price at
+    the default target)."""
     stack = Section("Stack", status=stack_line(m))
     host = _table(m, "host") or {}
     if host.get("hostname") or host.get("cpu_model"):
@@ -29,5 +31,5 @@ def sections(m: Mapping[str, Any]) -> list[Section]:
         _fit_section(m),
         _recovery_section(m),
         scaling_section(m),
-        _cost_section(m),
+        _cost_section(m, cost),
     ]

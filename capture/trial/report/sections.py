@@ -284,19 +284,37 @@ def _simple_section(m: Mapping[str, Any], title: str, dotted: str) -> Section:
     return sec
 
 
-def _cost_section(m: Mapping[str, Any]) -> Section:
-    sec = _simple_section(m, "Cost", "trial.cost")
-    cost = _table(m, "trial.cost") or {}
-    if _is_num(cost.get("trial_cost")):
-        sec.status = f"{cost['trial_cost']:.4g} for the whole trial" + (
-            f" ({cost['cost_per_million_trained_tokens']:.4g} per million trained tokens)"
-            if _is_num(cost.get("cost_per_million_trained_tokens")) else "")
-    phases = cost.get("phases")
+def _cost_section(m: Mapping[str, Any], cost: Any = None) -> Section:
+    """The three cost figures (:mod:`capture.costs`), the projection as a table, the trial's phases.
+    ``cost``: the figures a caller computed (the decision site, at its price and target)."""
+    from capture import costs
+
+    table = _table(m, "trial.cost")
+    sec = Section("Cost")
+    if not table:
+        sec.status = NOT_MEASURED
+        return sec
+    fig = cost if cost is not None else costs.figures(m)
+    sec.status = _skipped(table) or fig.trial_text()
+    sec.rows = list(fig.texts())
+    if fig.price is not None:
+        sec.rows.append(("price", f"{fig.price.per_device_hour:g} {fig.currency} per device-hour ({fig.price.source})"))
+    own = _get(m, "trial.cost.projection.target_tokens")
+    if _is_num(own) and own != fig.target.tokens:
+        proj = costs.figures(m, price=fig.price, currency=fig.currency,
+                             target=costs.Target(int(own), str(_get(m, "trial.cost.projection.target_source") or "recorded")))
+        sec.rows.append(("also, to the trial's own target", proj.projected_text()))
+    sec.rows += _generic_rows(table, {"skipped", "phases", "projection", "price_per_hour", "price_source", "trial_cost",
+                                      "cost_per_million_trained_tokens", "currency", "price_note"})
+    rows = fig.projection_rows()
+    if rows:
+        sec.grids.append(Grid([f"projection to {fig.target.text()}", "time", f"cost ({fig.currency})"], rows))
+    phases = table.get("phases")
     if isinstance(phases, Mapping) and phases:
-        wall = cost.get("wall_total_s")
+        wall = table.get("wall_total_s")
         rows = [[_label(k), fmt_value(k, v), f"{v / wall * 100:.1f} %" if _is_num(v) and _is_num(wall) and wall else ""]
                 for k, v in phases.items()]
-        sec.grids.append(Grid(["phase", "wall time", "share"], rows))
+        sec.grids.append(Grid(["phase of the trial", "wall time", "share"], rows))
     return sec
 
 

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
@@ -61,9 +60,12 @@ def _text(value: Any, style: str = "") -> Text:
 
 
 def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, width: int | None = None,
-                    signature: str | None = None) -> str:
+                    signature: str | None = None, cost: Any = None) -> str:
     """The summary as text wrapped to ``width`` (default: the terminal's); colour only when asked
-    or stdout is a TTY. ``signature``: the signature status line, for the verdict panel."""
+    or stdout is a TTY. ``signature``: the signature status line, for the verdict panel; ``cost``:
+    the cost figures to show (default: the manifest's own price at the default target)."""
+    from capture.termtable import Column, fit
+
     colour = _use_colour(sys.stdout) if colour is None else colour
     width = width or terminal_width()
     buf = io.StringIO()
@@ -72,33 +74,34 @@ def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, wid
     con.print(_text(title(manifest), "bold"))
     con.print("=" * min(width, 100))
     panel = Table.grid(padding=(0, 2))
-    panel.add_column(no_wrap=True, min_width=LABEL_WIDTH - 2)
-    panel.add_column(overflow="fold")
-    for v in verdict_panel(manifest, signature):
+    items = verdict_panel(manifest, signature, cost)
+    panel.add_column(min_width=LABEL_WIDTH - 2, max_width=max(LABEL_WIDTH, min(24, width // 3)))
+    panel.add_column()
+    for v in items:
         panel.add_row(_text(v.label, "bold"), _text(v.value, _STYLES.get(v.state, "")))
     con.print(panel)
     con.print("-" * min(width, 100))
-    for sec in sections(manifest):
+    for sec in sections(manifest, cost):
         head = Table.grid()
         head.add_column(no_wrap=True, width=LABEL_WIDTH)
-        head.add_column(overflow="fold")
+        head.add_column()
         status = _clean(sec.status) if sec.status else ""
         head.add_row(_text(sec.title, "bold"), _text(status, _STYLES[status_state(status)]))
         con.print(head)
         if sec.rows:
             key_w = min(34, max(len(_clean(k)) for k, _ in sec.rows))
             rows = Table.grid(padding=(0, 2, 0, 0))
-            rows.add_column(no_wrap=True, width=key_w)
-            rows.add_column(overflow="fold")
+            rows.add_column(width=key_w)
+            rows.add_column()
             for k, v in sec.rows:
                 rows.add_row(_text(k), _text(v))
             con.print(Padding(rows, (0, 0, 0, LABEL_WIDTH)))
         for grid in sec.grids:
-            table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0),
-                          header_style="bold" if colour else "")
-            for h in grid.headers:
-                table.add_column(_text(h), overflow="fold")
-            for row in grid.rows:
-                table.add_row(*(_text(c) for c in row))
-            con.print(Padding(table, (0, 0, 0, LABEL_WIDTH)))
+            cols = [Column(h) for h in grid.headers]
+            cells = [[_clean(c) for c in row] for row in grid.rows]
+            table = fit(cols, cells, width, indent=LABEL_WIDTH)
+            narrow = fit(cols, cells, width, indent=2)  # a wide table takes the section's indent back
+            use = table if len(table.lines) <= len(narrow.lines) * 1.5 else narrow
+            for line in use.lines:
+                con.print(_text(line), overflow="ignore", crop=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
