@@ -81,9 +81,12 @@ def main(args: list[str] | None = None) -> int:
             raise
         sys.stderr.write(needed.diagnostics() + "\n")
         return needed.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C; or SIGTERM/SIGHUP where a command turns them into one (capture.trial.scratch)
+        try:
+            sys.stderr.write(f"error: {exc.args[0] if exc.args else 'interrupted'}\n")
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
+        return int(getattr(exc, "exit_code", 130))
     except BrokenPipeError:
         return 0
 

@@ -18,6 +18,8 @@ QUICK = {
     "trial_overhead.py": (["--rounds", "1", "--steps", "2", "--warmup", "1", "--device", "cpu"],
                           ("baseline", "overhead")),
     "find_max_batch.py": (["--quick"], ("ratio against the baseline", "capped at 64", "peak resident memory")),
+    "recovery_phases.py": (["--quick"], ("ratio against the baseline", "second resume",
+                                         "verdicts: baseline bit-exact, now bit-exact, one resume bit-exact")),
 }
 
 

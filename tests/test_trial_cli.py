@@ -142,6 +142,13 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
     assert c["format"] == "torch.save" and c["blocked_s"] == c["durable_s"] == c["duration_s"]
     assert {x["component"] for x in rec["sensitivity"] if x.get("depends")} >= {"model", "optimizer", "rng_torch_cpu",
                                                                                 "data_position"}
+    # the early build is decided from what the trial measured (here: the CPU's memory)
+    from capture.trial.recover import budget_from_trial
+
+    budget = budget_from_trial(t)
+    assert budget is not None and budget.peak_bytes == f["measured_bytes"] and budget.fits_early_build()
+    assert rec["plan"] == {"checkpoint": "full", "restore": "one build, reloaded per restore", "early_build": True}
+    assert rec["data_order"]["equal"] is True and rec["resume_again"]["verdict"] == "bit-exact"
     from test_docs import undocumented
 
     assert undocumented(m) == []
@@ -159,6 +166,9 @@ def test_lora_switch_records_measured_trainable_parameters(tmp_path):
     assert t["config_toml"] == SMALL and t["config_source"] == str(tmp_path / "small.toml")
     assert t["memory"]["estimate"]["gradients"]["bytes"] == run["params_trainable"] * 4
     assert len(t["steps"]["step_time_s"]) == 2
+    # the checkpoint stage writes what a LoRA run writes: the adapter and its optimizer, not the base
+    c = t["checkpoint"]
+    assert c["model_state"] == "adapter" and c["size_bytes"] < run["params_total"] * 4
     assert t["recovery"] == {"skipped": "--no-recovery"} and t["report"] == {"skipped": "--no-report"}
     assert not out.with_suffix(".html").exists()
 

@@ -137,6 +137,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
+    from capture.trial.scratch import interruptible
+
+    # SIGINT, SIGTERM, SIGHUP: children ended, scratch removed, nothing half-written, exit 128 + N
+    with interruptible():
+        return _trial(args)
+
+
+def _trial(args: argparse.Namespace) -> int:
     from capture.trial.config import example_names, load_config, load_example
     from capture.trial.cost import PhaseTimer
 

@@ -64,12 +64,14 @@ def run_allreduce(world_size: int, backend: str, nbytes: int, iterations: int, t
         for proc, _ in procs:
             try:
                 _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except BaseException as exc:  # a timeout, or the command interrupted: no rank outlives it
                 for p, _ in procs:
                     if p.poll() is None:
                         p.kill()
                 for p, _ in procs:
                     p.wait()
+                if not isinstance(exc, subprocess.TimeoutExpired):
+                    raise
                 return AllReduce(**{**base.__dict__, "error": f"the {world_size} worker processes did not finish within {timeout_s:.0f} s"})
             if proc.returncode != 0:
                 last = [ln for ln in (err or "").splitlines() if ln.strip()]

@@ -18,6 +18,7 @@ the synchronous formats. :func:`load` reads any of them back into plain containe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -245,7 +246,14 @@ def _save_dcp_quiet(data: dict[str, Any], path: Path, tmp: Path, asynchronous: b
         result = dcp.async_save(data, checkpoint_id=str(tmp), async_stager=stager, no_dist=True)
         blocked = time.perf_counter() - t0
         future = getattr(result, "upload_completion", result)
-        future.result()
+        try:
+            future.result()
+        except BaseException:
+            # Interrupted while the background writer runs: let it finish (bounded) before the
+            # caller removes the folder it writes into, so nothing is written after the removal.
+            with contextlib.suppress(BaseException):
+                future.result(timeout=60)
+            raise
     finally:
         stager.close()
     os.replace(tmp, path)

@@ -24,6 +24,9 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        from capture.trial.scratch import pause_point
+
+        pause_point(name)  # test-only: wait for a signal here when the environment asks (capture.trial.scratch)
         start = time.perf_counter()
         try:
             yield

@@ -1,26 +1,35 @@
-"""Stage 5 of the trial: prove that a checkpoint restores in a new process (guide section 6).
+"""Stage 5 of the trial: prove that a checkpoint restores in a new process, as training resumes (guide section 6).
 
-A successful save proves nothing. This stage:
+A successful save proves nothing. This stage (the runs themselves: capture.trial.recover_steps):
 
-1. runs the workload uninterrupted for ``total_steps``, saving the FULL training state after
-   ``save_at_step`` (model, optimizer, LR scheduler, grad scaler, the RNG states of python
-   ``random``, numpy, torch CPU and every CUDA/ROCm device, the data-loader position) in the
-   format the config names (capture.trial.checkpoint_io), and hashing every component of what
-   it saved (capture.trial.state.component_hashes);
+1. runs the workload uninterrupted for ``total_steps``, saving after ``save_at_step`` (k) what
+   the user's run saves, in the format the config names (capture.trial.checkpoint_io): the model
+   (a LoRA run: its adapter only), optimizer, LR scheduler, grad scaler, the RNG states of python
+   ``random``, numpy, torch CPU and every CUDA/ROCm device, the data-loader position; each
+   component is hashed (capture.trial.state.component_hashes). The loader starts near the end of
+   an epoch, so that it wraps into the next one after the save (capture.trial.data_order);
 2. restores that checkpoint in a fresh interpreter (``python -m capture.trial._recover_worker``)
    and, **before any step**, hashes every restored component and compares it with what was
-   saved: the headline of the stage, independent of kernel determinism. A checkpoint that lacks
-   a part is caught here and no step is run;
+   saved; a LoRA run's base, which is not in the checkpoint, is verified there too
+   (capture.trial.base). A checkpoint that lacks a part is caught here and no step is run;
 3. continues to ``total_steps`` twice from that state (three times when the two differ): the
    spread of those continuations is the run-to-run band; the verdict against the uninterrupted
-   run is bit-exact, within the band, or diverged beyond it;
-4. runs the sensitivity pass in the same fresh process, from the host copy of the checkpoint
-   loaded once: one restore per component with that component withheld. A component is one the
+   run is bit-exact, within the band, or diverged beyond it. The first continuation saves again
+   at k2 (midway), as a resumed run writes its next checkpoint; a second fresh process restores
+   that one and continues: the second resume. Both resumes' batches (sha256 of each micro-batch's
+   input ids, per step) are compared with the uninterrupted run's, across the epoch boundary;
+4. runs the sensitivity pass in the first fresh process, from the host copy of the checkpoint
+   read once: one restore per component with that component withheld. A component is one the
    continuation *depends* on when withholding it moves the losses by more than ``BAND_MARGIN``
    times the band (with a band of 0: by anything at all, losses or final state).
 
+Fast by design: each fresh process builds its workload once, while the reference runs when the
+device has the memory for it, and reloads the state into it for every restore (a frozen base is
+built and verified once); the base's files are hashed while the process starts; the checkpoint
+is read once. ``[trial.recovery.phases]`` says where the time went, and the stage prints it.
+
 Deterministic mode (``[trial.recovery] deterministic``, ``--recovery-deterministic``): the
-reference then also runs in a fresh process, and both processes start with
+reference then also runs in a fresh process, and the processes start with
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in their environment (before CUDA initialises),
 ``torch.use_deterministic_algorithms(True)``, ``cudnn.deterministic = True`` and
 ``cudnn.benchmark = False``. The trial's own measured steps keep the user's settings. An op
@@ -33,30 +42,27 @@ A withheld component is *perturbed*, not merely skipped (see capture.trial.state
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import os
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from capture.errors import ConfigError
-from capture.trial import checkpoint_io, state
+from capture.trial import base, checkpoint_io
+from capture.trial import recover_judge as rj
+from capture.trial.recover_judge import (  # noqa: F401  (the stage's vocabulary, used by the scaling step and tests)
+    BAND_MARGIN, BIT_EXACT, compare_run, first_divergence, judge, max_loss_diff, run_to_run_band, verdict_text)
+from capture.trial.recover_steps import (  # noqa: F401
+    BASELINE, BASELINE_NAME, PLAN, Plan, Reference, run_reference, second_save_step)
 from capture.trial.state import COMPONENTS, device_type
+from capture.trial.worker_proc import Worker, WorkerFailed  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "capture.trial._recover_worker"
-BIT_EXACT = "bit-exact"
-BAND_MARGIN = 10.0
-"""A difference is inside the run-to-run band when at most BAND_MARGIN × the band (the band is
-measured from two or three continuations only, so it is a low estimate of the spread)."""
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 _DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
 _NO_DETERMINISTIC_OP = re.compile(r"^(?:RuntimeError: )?(\S+) does not have a deterministic implementation")
@@ -144,208 +150,45 @@ def resolve_determinism(requested: bool | None, device: Any, outer: GlobalSettin
     return Determinism(True, word, reason, env)
 
 
-# --------------------------------------------------------------------------- comparing
-
-
-def first_divergence(reference: Sequence[float], resumed: Sequence[float], first_step: int) -> tuple[int | None, float]:
-    """(1-based global step of the first loss that differs, resumed − reference there)."""
-    for i, (a, b) in enumerate(zip(reference, resumed)):
-        if a != b and not (math.isnan(a) and math.isnan(b)):
-            return first_step + i, b - a
-    return None, 0.0
-
-
-def compare_run(reference_losses: Sequence[float], reference_hashes: tuple[str, str], losses: Sequence[float],
-                hashes: tuple[str, str], save_at_step: int) -> tuple[int | None, float, bool]:
-    """(diverged_at_step or None, loss_diff, every loss equal) of a resumed run against the reference.
-
-    ``reference_losses`` covers the steps after ``save_at_step``. Equal losses with a different
-    final state count as a divergence at the last step.
-    """
-    step, diff = first_divergence(reference_losses, losses, save_at_step + 1)
-    losses_equal = step is None and len(losses) == len(reference_losses)
-    if step is None and (not losses_equal or hashes != reference_hashes):
-        step = save_at_step + len(reference_losses)
-    return step, diff, losses_equal
-
-
-def verdict_text(diverged_at_step: int | None, losses_equal: bool) -> str:
-    if diverged_at_step is None:
-        return BIT_EXACT
-    if losses_equal:
-        return f"diverged at step {diverged_at_step} (final state differs; every loss equal)"
-    return f"diverged at step {diverged_at_step}"
-
-
-def max_loss_diff(a: Sequence[float], b: Sequence[float]) -> float:
-    """The largest |a_i − b_i| over the steps both ran (inf when one is NaN and the other not)."""
-    worst = 0.0
-    for x, y in zip(a, b):
-        if math.isnan(x) or math.isnan(y):
-            if not (math.isnan(x) and math.isnan(y)):
-                return math.inf
-            continue
-        worst = max(worst, abs(x - y))
-    return worst
-
-
-def run_to_run_band(continuations: Sequence[Mapping[str, Any]]) -> float:
-    """The largest loss difference between any two continuations from the same restored state."""
-    return max((max_loss_diff(a["losses"], b["losses"]) for i, a in enumerate(continuations)
-                for b in continuations[i + 1:]), default=0.0)
-
-
-def judge(reference_losses: Sequence[float], reference_hashes: tuple[str, str], run: Mapping[str, Any],
-          band: float, k: int) -> dict[str, Any]:
-    """One continuation against the reference: kind (bit-exact | within_band | beyond_band), step, sizes."""
-    step, diff, losses_equal = compare_run(reference_losses, reference_hashes, run["losses"],
-                                           (run["param_hash"], run["optimizer_hash"]), k)
-    size = max_loss_diff(reference_losses, run["losses"])
-    out: dict[str, Any] = {"loss_diff": diff, "loss_diff_max": size}
-    if step is None:
-        out.update(kind="bit-exact", text=BIT_EXACT)
-        return out
-    out["diverged_at_step"] = step
-    if band > 0 and size <= BAND_MARGIN * band:
-        out.update(kind="within_band", text=f"equal within the run-to-run band (max |Δloss| {size:.3g}, "
-                                            f"band {band:.3g}, margin {BAND_MARGIN:g}×)")
-    elif band > 0:
-        out.update(kind="beyond_band", text=f"diverged beyond the run-to-run band at step {step} "
-                                            f"(max |Δloss| {size:.3g}, band {band:.3g})")
-    else:
-        out.update(kind="beyond_band", text=verdict_text(step, losses_equal))
-        if losses_equal:
-            out["note"] = "every loss equal; the final parameters or optimizer state differ"
-    return out
-
-
-# --------------------------------------------------------------------------- the reference
+# --------------------------------------------------------------------------- memory for early builds
 
 
 @dataclass(frozen=True)
-class Reference:
-    losses: list[float]
-    param_hash: str
-    optimizer_hash: str
-    saved_hashes: dict[str, str]
-    """component -> hash of the state at the save point (before anything was left out)."""
-    saved: dict[str, Any]
-    """checkpoint_io.SaveTiming.to_manifest() of the write."""
-    applicability: dict[str, str | None]
-    step_time_s: list[float]
-    fresh_process: bool = False
+class MemoryBudget:
+    """Whether a fresh process may build its workload while another process trains."""
 
-    @property
-    def hashes(self) -> tuple[str, str]:
-        return self.param_hash, self.optimizer_hash
+    limit_bytes: int
+    """The device's memory ([trial.fit] limit_bytes)."""
+    peak_bytes: int
+    """What one training process of this run used ([trial.fit] measured_bytes)."""
+    build_bytes: int
+    """What a built workload holds before its first step: weights and the framework's own."""
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    MARGIN = 0.05
+    """Kept free of the device's memory when two processes share it (allocator slack, workspaces)."""
 
-
-def _timed_steps(workload: Any, count: int, times: list[float]) -> list[float]:
-    losses = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        losses.append(float(workload.train_step()))  # .item() waits for the device
-        times.append(time.perf_counter() - t0)
-    return losses
+    def fits_early_build(self) -> bool:
+        """Whether a fresh process may hold its built workload beside a training one (the first
+        restore's during the reference, the second resume's during the first restore)."""
+        return 0 < self.build_bytes and self.peak_bytes + self.build_bytes <= (1 - self.MARGIN) * self.limit_bytes
 
 
-def run_reference(config: Any, device: Any, checkpoint: Path, k: int, n: int,
-                  leave_out: Sequence[str] = ()) -> Reference:
-    """The uninterrupted run, saving the checkpoint after step ``k``. ``leave_out``: components
-    dropped from the file after hashing (a planted incomplete checkpoint, for tests)."""
-    from capture.trial.workload import build_workload
-
-    with state.RngGuard(device):
-        workload = build_workload(config, device)
-        times: list[float] = []
-        losses = _timed_steps(workload, k, times)
-        state.sync(device)
-        saved_state = state.capture_state(workload, device, k)
-        saved_hashes = state.component_hashes(saved_state)
-        for c in leave_out:
-            saved_state.pop(c, None)
-        timing = checkpoint_io.save(saved_state, checkpoint, config.checkpoint.format, device_type(device))
-        del saved_state
-        losses += _timed_steps(workload, n - k, times)
-        state.sync(device)
-        ref = Reference(losses=losses, param_hash=state.param_hash(workload.model),
-                        optimizer_hash=state.optimizer_hash(workload.optimizer), saved_hashes=saved_hashes,
-                        saved=timing.to_manifest(), applicability=state.applicability(workload, device),
-                        step_time_s=times)
-    del workload
-    state.release_memory(device)  # the fresh process needs the memory this one holds
-    return ref
+def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
+    """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown."""
+    fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
+    weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
+    limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
+    if not all(isinstance(v, int) for v in (weights, limit, peak)):
+        return None
+    return MemoryBudget(limit, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
 
 
-# --------------------------------------------------------------------------- the fresh processes
-
-
-class WorkerFailed(Exception):
-    """A worker exited without a result; ``reason`` is its last error line."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Worker:
-    """One fresh interpreter (``python -m capture.trial._recover_worker``), driven over stdin.
-
-    It is started early with only the setup (config, device, settings), so its imports overlap
-    with other work; it sees no training state until :meth:`start_job` sends the job. Two JSON
-    lines in, a result file out (see _recover_worker). ``env`` is added to its environment, so it
-    is there before the process initialises CUDA.
-    """
-
-    def __init__(self, name: str, setup: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None) -> None:
-        self.name = name
-        self.out = workdir / f"{name}.result.json"
-        self.err = workdir / f"{name}.stderr.txt"
-        environ = dict(os.environ, **(env or {}))
-        package_root = str(Path(__file__).resolve().parents[2])
-        environ["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [environ.get("PYTHONPATH")])])
-        with open(self.err, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env=environ, stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=err)
-        self._send(dict(setup, out=str(self.out)))
-
-    def _send(self, message: Mapping[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died; result() reports why
-
-    def start_job(self, job: Mapping[str, Any]) -> None:
-        self._send(job)
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass
-
-    def result(self, timeout_s: float | None) -> dict[str, Any]:
-        try:
-            code = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise WorkerFailed(f"the {self.name} process ran past {timeout_s:.0f} s") from None
-        result: dict[str, Any] = {}
-        if self.out.exists():
-            result = json.loads(self.out.read_text())
-        if code != 0 or "error" in result:
-            lines = [ln for ln in self.err.read_text(errors="replace").splitlines() if ln.strip()]
-            raise WorkerFailed(result.get("error") or (lines[-1] if lines else f"exit status {code}"))
-        return result
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+def _early(plan: Plan, budget: MemoryBudget | None, device: Any) -> bool:
+    if plan.early_build is not None:
+        return plan.early_build
+    if budget is not None:
+        return budget.fits_early_build()
+    return device_type(device) == "cpu"  # without figures, only where memory is the host's
 
 
 # --------------------------------------------------------------------------- the stage
@@ -394,8 +237,13 @@ def no_deterministic_op(reason: str) -> str | None:
 
 
 def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float | None = 1800,
-                       sensitivity: bool | None = None, leave_out: Sequence[str] = ()) -> dict[str, Any]:
-    """Run the whole stage and return the ``[trial.recovery]`` table (layout: docs/trial.md)."""
+                       sensitivity: bool | None = None, leave_out: Sequence[str] = (), plan: Plan = PLAN,
+                       budget: MemoryBudget | None = None, models: Any = None,
+                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the whole stage and return the ``[trial.recovery]`` table (layout: docs/trial.md).
+
+    ``models``: the fingerprint's ``[[models]]`` (a LoRA base's recorded files); ``budget``: the
+    trial's measured memory (early builds); ``progress``: where the phase table is printed."""
     t_start = time.perf_counter()
     k, n, withhold, configured, seed = _recovery_settings(config)
     sensitivity = configured if sensitivity is None else sensitivity
@@ -403,27 +251,45 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     workdir.mkdir(parents=True, exist_ok=True)
     outer = GlobalSettings.current()
     det = resolve_determinism(config.recovery.deterministic, device, outer)
+    expected, base_skipped = None, None
     try:
-        table = _attempt(config, device, workdir, det, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s)
+        expected = base.expect(config, models) if plan.adapter_only else None
+    except Exception as exc:  # the base's files cannot be listed: the rest of the check still runs
+        base_skipped = f"the base cannot be verified: {type(exc).__name__}: {exc}".splitlines()[0]
+    args = (config, device, workdir, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s, plan,
+            _early(plan, budget, device), expected)
+    try:
+        table = _attempt(det, *args)
         op = no_deterministic_op(str(table.get("verdict", "")).removeprefix("failed: "))
         if det.enabled and op is not None:
             log.warning("recovery: %s has no deterministic implementation; running again with the run's settings", op)
             off = Determinism(False, det.requested, f"fell back: {op} has no deterministic implementation", {})
-            table = _attempt(config, device, workdir, off, outer, k, n, withhold, sensitivity, seed, leave_out,
-                             timeout_s)
+            table = _attempt(off, *args)
             table["deterministic"]["fallback_op"] = op
     finally:
         outer.apply()
+    if base_skipped:
+        table["base_model"] = {"skipped": base_skipped}
     table["elapsed_s"] = time.perf_counter() - t_start
+    table["phases"]["total_s"] = table["elapsed_s"]
+    for line in phase_text(table["phases"]).splitlines() if progress is not None else ():
+        progress(line)
     if not str(table.get("verdict", "")).startswith("failed"):
         _cleanup(workdir)
     return table
 
 
-def _attempt(config: Any, device: Any, workdir: Path, det: Determinism, outer: GlobalSettings, k: int, n: int,
+def _setup(config: Any, device: Any, seed: int, settings: GlobalSettings, plan: Plan, role: str,
+           **extra: Any) -> dict[str, Any]:
+    return dict({"config": config_to_dict(config), "device": str(device), "seed": seed,
+                 "settings": dataclasses.asdict(settings), "plan": plan.to_json(), "role": role}, **extra)
+
+
+def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
              withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
-             timeout_s: float | None) -> dict[str, Any]:
-    checkpoint = workdir / checkpoint_io.file_name(config.checkpoint.format)
+             timeout_s: float | None, plan: Plan, early: bool, expected: base.Expectation | None) -> dict[str, Any]:
+    fmt = config.checkpoint.format
+    checkpoint = workdir / checkpoint_io.file_name(fmt)
     settings = outer
     if device_type(device) == "cpu":
         # Half the cores each, so a worker's start-up overlaps the other process instead of
@@ -432,21 +298,33 @@ def _attempt(config: Any, device: Any, workdir: Path, det: Determinism, outer: G
         settings = dataclasses.replace(outer, num_threads=max(1, outer.num_threads // 2))
     if det.enabled:
         settings = settings.deterministic()
-    setup = {"config": config_to_dict(config), "device": str(device), "seed": seed,
-             "settings": dataclasses.asdict(settings)}
+    k2 = second_save_step(k, n) if plan.resume_again and not withhold and not leave_out else None
     table: dict[str, Any] = {"save_at_step": k, "total_steps": n, "fresh_process": True, "withheld": list(withhold),
                              "deterministic_algorithms": settings.deterministic_algorithms,
-                             "deterministic": det.to_manifest(), "checkpoint_format": config.checkpoint.format}
+                             "deterministic": det.to_manifest(), "checkpoint_format": fmt,
+                             "plan": {"checkpoint": "adapter" if plan.adapter_only and config.method == "lora" else "full",
+                                      "restore": "one build, reloaded per restore" if plan.reload else
+                                                 "a fresh build per restore",
+                                      "early_build": early}}
     if device_type(device) == "cpu":
         table["cpu_threads"] = settings.num_threads
-    restore = Worker("restore", setup, workdir, det.env)  # imports while the reference runs
+    snapshot = ["optimizer", "scheduler", "scaler", "data_position"]
+    if "model" in withhold or sensitivity:
+        snapshot.append("model")
+    restore = Worker("restore", _setup(config, device, seed, settings, plan, "restore", early_build=early,
+                                       base=expected.to_json() if expected else None, snapshot=snapshot), workdir,
+                     det.env)
+    again: Worker | None = None
+    phases: dict[str, Any] = {}
+    table["phases"] = phases
     try:
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
+        t0 = time.perf_counter()
         if det.enabled:  # a fresh process, so that the environment is there before CUDA starts
-            ref_worker = Worker("reference", setup, workdir, det.env)
+            ref_worker = Worker("reference", _setup(config, device, seed, settings, plan, "reference"), workdir, det.env)
             try:
                 ref_worker.start_job({"kind": "reference", "checkpoint": str(checkpoint), "save_at_step": k,
-                                      "total_steps": n, "leave_out": list(leave_out)})
+                                      "total_steps": n, "leave_out": list(leave_out), "second_save_at_step": k2})
                 ref = Reference(**ref_worker.result(timeout_s)["reference"])
             except WorkerFailed as exc:
                 table["verdict"] = f"failed: {exc.reason}"
@@ -456,124 +334,123 @@ def _attempt(config: Any, device: Any, workdir: Path, det: Determinism, outer: G
         else:
             settings.apply()
             try:
-                ref = run_reference(config, device, checkpoint, k, n, leave_out)
+                ref = run_reference(config, device, checkpoint, k, n, leave_out, plan, k2)
             finally:
                 outer.apply()
+        phases["reference_wall_s"] = time.perf_counter() - t0
+        if expected is not None and expected.kind == base.REBUILT:
+            expected = dataclasses.replace(expected, digest=ref.base_digest)
         applicable = [c for c in COMPONENTS if ref.applicability[c] is None]
-        table.update(_reference_table(ref, withhold, leave_out))
+        table.update(rj.reference_table(ref, withhold, leave_out))
         log.info("recovery: restoring in a fresh process%s", f", then {len(applicable)} sensitivity variants"
                  if sensitivity else "")
+        save_again = ({"step": k2, "path": str(workdir / ("again-" + checkpoint_io.file_name(fmt)))}
+                      if k2 is not None else None)
+        t0 = time.perf_counter()
         restore.start_job({"kind": "restore", "checkpoint": str(checkpoint), "save_at_step": k, "total_steps": n,
-                           "withhold": list(withhold), "saved_hashes": ref.saved_hashes,
-                           "applicable": applicable, "reference_losses": ref.losses[k:],
-                           "sensitivity": applicable if sensitivity else []})
+                           "withhold": list(withhold), "saved_hashes": ref.saved_hashes, "applicable": applicable,
+                           "reference_losses": ref.losses[k:], "sensitivity": applicable if sensitivity else [],
+                           "base_expected": expected.to_json() if expected else None, "save_again": save_again})
+        if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
+            again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
+                                                  early_build=early, snapshot=[]), workdir, det.env)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:
             table["verdict"] = f"failed: {exc.reason}"
-            log.warning("recovery: restore failed (%s); files kept in %s", exc.reason, workdir)
+            log.warning("recovery: restore failed (%s)", exc.reason)
             return table
+        phases["restore_wall_s"] = time.perf_counter() - t0
+        started = restore.start_s(result)
+        if started is not None:
+            phases["worker_start_s"] = started
+        again_result = None
+        if again is not None and result.get("saved_again"):
+            t0 = time.perf_counter()
+            again.start_job({"kind": "resume_again", "checkpoint": save_again["path"], "save_at_step": k2,
+                             "total_steps": n, "saved_hashes": result["saved_again"]["hashes"],
+                             "applicable": applicable})
+            try:
+                again_result = again.result(timeout_s)
+            except WorkerFailed as exc:
+                again_result = {"error": exc.reason}
+            phases["second_resume_s"] = time.perf_counter() - t0  # the parent's wait: what it adds to the stage
     finally:
         restore.stop()
-    table.update(_restore_table(ref, result, withhold, k))
+        if again is not None:
+            again.stop()
+    base_row = base.row(expected, base.Check(**result["base"]) if result.get("base") else None) if expected else None
+    table.update(rj.restore_table(ref, result, withhold, k, base_row))
+    if expected is not None:
+        table["base_model"] = base.table(expected, base.Check(**result["base"]) if result.get("base") else None)
+    why_not = ("components are withheld or left out on purpose" if withhold or leave_out else
+               "needs recovery.total_steps >= save_at_step + 2" if plan.resume_again else "not part of this plan")
+    _second_resume(table, ref, result, again_result, k, k2, why_not)
+    phases.update(_phases(ref, result))
+    ready, sent = result.get("ready_at"), restore.job_sent_at
+    if isinstance(ready, (int, float)) and sent is not None and ready > sent:
+        phases["worker_start_wait_s"] = ready - sent
+        phases["overlapped"].remove("worker_start")
     return table
 
 
-def _reference_table(ref: Reference, withhold: tuple[str, ...], leave_out: Sequence[str]) -> dict[str, Any]:
+def _second_resume(table: dict[str, Any], ref: Reference, result: Mapping[str, Any],
+                   again_result: Mapping[str, Any] | None, k: int, k2: int | None, why_not: str) -> None:
+    if table.get("verdict_kind") == "state_differs" or not result.get("continuations"):
+        return
+    again = None
+    if k2 is None:
+        table["resume_again"] = {"skipped": why_not}
+    elif again_result is None or "error" in (again_result or {}):
+        reason = (again_result or {}).get("error", "the first resume wrote no checkpoint")
+        table["resume_again"] = {"save_at_step": k2, "verdict": f"failed: {reason}", "verdict_kind": "failed"}
+    else:
+        again = rj.resume_again_table(ref, result["saved_again"], again_result, k2, table.get("run_to_run_band", 0.0))
+        table["resume_again"] = again
+    order = rj.data_order_table(ref, k, result["continuations"][0], k2,
+                                (again_result or {}).get("continuation") if again is not None else None)
+    table["data_order"] = order
+    rj.overall(table, again, order)
+
+
+def _phases(ref: Reference, result: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the stage's time went, per sub-phase (seconds; ``overlapped`` names those that ran
+    while another process worked, so they cost no wall time of their own)."""
+    t = result.get("timings", {})
     out: dict[str, Any] = {
-        "reference_fresh_process": ref.fresh_process,
-        "losses_uninterrupted": ref.losses,
-        "param_hash_uninterrupted": ref.param_hash,
-        "optimizer_hash_uninterrupted": ref.optimizer_hash,
-        "checkpoint_size_bytes": ref.saved["size_bytes"],
-        "checkpoint_write_s": ref.saved["durable_s"],
-        "checkpoint_blocked_s": ref.saved["blocked_s"],
-        "components_saved": [c for c in COMPONENTS if ref.applicability[c] is None and c not in leave_out],
-        "step_time_s": ref.step_time_s,
+        "reference_s": ref.timings.get("build_s", 0.0) + ref.timings.get("steps_s", 0.0)
+        + ref.timings.get("final_hash_s", 0.0),
+        "save_s": ref.timings.get("save_s", 0.0),
+        "restore_build_s": t.get("build_s", 0.0),
+        "base_verify_s": t.get("base_verify_s", 0.0),
+        "restore_s": t.get("read_s", 0.0) + t.get("restore_s", 0.0) + t.get("state_check_s", 0.0),
+        "continuations_s": t.get("continuations_s", 0.0),
+        "sensitivity_s": t.get("sensitivity_s", 0.0),
     }
-    if len(ref.step_time_s) > 1:
-        after_first = sorted(ref.step_time_s[1:])
-        out["step_time_median_s"] = after_first[len(after_first) // 2]
-        out["step_time_basis"] = "the reference's steps after its first, each waited for (loss.item())"
-    if leave_out:
-        out["left_out_of_checkpoint"] = list(leave_out)
-    not_applicable = [c for c in withhold if ref.applicability[c] is not None]
-    if not_applicable:
-        out["withheld_not_applicable"] = not_applicable
+    overlapped = ["worker_start"]
+    if result.get("built_early"):
+        overlapped.append("restore_build")
+    if t.get("base_verify_s", 0.0) > t.get("base_verify_wait_s", 0.0) + 1e-3:
+        overlapped.append("base_verify")
+    out["base_verify_wait_s"] = t.get("base_verify_wait_s", 0.0)
+    out["overlapped"] = overlapped
     return out
 
 
-def _restore_table(ref: Reference, result: Mapping[str, Any], withhold: tuple[str, ...], k: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"restore_load_s": result["restore_load_s"]}
-    if result.get("timings"):
-        out["restore_timings"] = {k: float(v) for k, v in result["timings"].items()}
-    rows = []
-    for c in COMPONENTS:
-        if ref.applicability[c] is not None:
-            continue
-        saved, restored = ref.saved_hashes.get(c), result["restored_hashes"].get(c)
-        row: dict[str, Any] = {"component": c, "equal": saved is not None and saved == restored,
-                               "saved_sha256": saved or "", "restored_sha256": restored or ""}
-        if c in withhold:
-            row["note"] = "withheld on purpose"
-        elif c in result.get("missing", []):
-            row["note"] = "not in the checkpoint: left as freshly built"
-        rows.append(row)
-    out["restored_state"] = rows
-    unexpected = [r["component"] for r in rows if not r["equal"] and r["component"] not in withhold]
-    equal = sum(r["equal"] for r in rows)
-    out["restored_state_verdict"] = (f"all {len(rows)} components equal to what was saved" if equal == len(rows) else
-                                     f"{equal} of {len(rows)} equal; differs: " +
-                                     ", ".join(r["component"] for r in rows if not r["equal"]))
-    if unexpected:
-        out["verdict"] = (f"restored state differs from the saved state: {', '.join(unexpected)} "
-                          "(caught before any step ran)")
-        out["verdict_kind"] = "state_differs"
-        return out
-    runs = result["continuations"]
-    band = run_to_run_band(runs)
-    main = runs[0]
-    j = judge(ref.losses[k:], ref.hashes, main, band, k)
-    out.update(verdict=j["text"], verdict_kind=j["kind"], loss_diff=j["loss_diff"], loss_diff_max=j["loss_diff_max"],
-               run_to_run_band=band, run_to_run_runs=len(runs), band_margin=BAND_MARGIN,
-               losses_resumed=main["losses"], param_hash_resumed=main["param_hash"],
-               optimizer_hash_resumed=main["optimizer_hash"])
-    if "diverged_at_step" in j:
-        out["diverged_at_step"] = j["diverged_at_step"]
-    out["restore_repeat"] = "identical" if band == 0 and all(
-        (r["param_hash"], r["optimizer_hash"]) == (main["param_hash"], main["optimizer_hash"]) for r in runs) else (
-        f"differs from the first restore (max |Δloss| {band:.3g}): the step is not deterministic on this stack")
-    if "sensitivity" in result:
-        out["sensitivity_rule"] = (f"depends: withholding it moves the losses by more than {BAND_MARGIN:g} × the "
-                                   f"run-to-run band ({band:.3g})" if band > 0 else
-                                   "depends: withholding it changes any loss or the final state (the band is 0)")
-        out["sensitivity"] = _sensitivity(ref, result["sensitivity"], band, k)
-    return out
+PHASE_ORDER = ("reference", "save", "worker_start", "restore_build", "base_verify", "restore", "continuations",
+               "second_resume", "sensitivity", "total")
 
 
-def _sensitivity(ref: Reference, variants: Mapping[str, Mapping[str, Any]], band: float, k: int) -> list[dict[str, Any]]:
-    entries = []
-    for c in COMPONENTS:
-        reason = ref.applicability[c]
-        entry: dict[str, Any] = {"component": c, "applicable": reason is None}
-        variant = variants.get(c)
-        if reason is not None:
-            entry["note"] = reason
-        elif variant is None:
-            entry["note"] = "not run"
-        elif "error" in variant:
-            entry["note"] = f"failed: {variant['error']}"
-        else:
-            j = judge(ref.losses[k:], ref.hashes, variant, band, k)
-            entry.update(depends=j["kind"] == "beyond_band", loss_diff=j["loss_diff"], loss_diff_max=j["loss_diff_max"])
-            if "diverged_at_step" in j and j["kind"] == "beyond_band":
-                entry["diverged_at_step"] = j["diverged_at_step"]
-            if j["kind"] == "within_band":
-                entry["note"] = f"moved the losses by {j['loss_diff_max']:.3g}: inside the run-to-run band"
-            elif "note" in j:
-                entry["note"] = j["note"]
-        entries.append(entry)
-    return entries
+def phase_text(phases: Mapping[str, Any]) -> str:
+    """The phase table as printed on stderr: one line per sub-phase."""
+    overlapped = set(phases.get("overlapped", ()))
+    lines = ["recovery phases (seconds):"]
+    for name in PHASE_ORDER:
+        value = phases.get(f"{name}_s")
+        if isinstance(value, (int, float)):
+            note = "  (overlapped with the reference)" if name in overlapped else ""
+            lines.append(f"  {name.replace('_', ' '):16s} {value:8.2f}{note}")
+    return "\n".join(lines)
 
 
 def _cleanup(workdir: Path) -> None:

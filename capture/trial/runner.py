@@ -44,9 +44,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import logging
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -57,7 +55,7 @@ from capture.fmt import bytes_str
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
-from capture.trial import measured, state
+from capture.trial import measured, scratch, state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
 from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
@@ -117,12 +115,11 @@ def write_manifest(path: Path, manifest: dict[str, Any], key: Path | str | None,
 
 
 def _artifact_specs(config: TrialConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    m, d = config.model, config.data
-    models: tuple[str, ...] = ()
-    if m.source == "hub":
-        models = (f"{m.repo_id}@{m.revision}" if m.revision else str(m.repo_id),)
-    elif m.source == "local":
-        models = (str(config.resolve_path(m.path or "")),)
+    from capture.trial.base import model_spec
+
+    d = config.data
+    spec = model_spec(config)  # the spec the recovery check finds the base's record by
+    models: tuple[str, ...] = (spec,) if spec else ()
     datasets: tuple[str, ...] = ()
     if d.source == "hub":
         datasets = (f"{d.repo_id}@{d.revision}" if d.revision else str(d.repo_id),)
@@ -205,9 +202,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     if opts.overrides:
         trial["overrides"] = {k: v for k, v in opts.overrides.items() if v is not None}
 
-    workdir_created = opts.workdir is None
-    workdir = Path(opts.workdir) if opts.workdir else Path(tempfile.mkdtemp(prefix=".capture-trial-", dir=output.parent))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = scratch.scratch_folder(output.parent, opts.workdir)  # removed in any case, interrupted or not
+    html: Path | None = None
+    written = False
     oom: str | None = None
     failed_at: str | None = None
     trained_tokens = 0
@@ -284,7 +281,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
                 with timer.phase("checkpoint"):
-                    trial["checkpoint"] = _checkpoint(wl, config, workdir)
+                    trial["checkpoint"] = _checkpoint(wl, config, workdir, completed_steps)
             else:
                 trial["validation"] = {"skipped": "the training step did not fit"}
                 trial["checkpoint"] = {"skipped": "the training step did not fit"}
@@ -313,7 +310,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         else:
             say("recoverability: checkpoint, restore in a fresh process, compare")
             with timer.phase("recovery"):
-                trial["recovery"] = _recovery(config, device, workdir)
+                trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say)
             _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
         if opts.scaling is not None:
@@ -334,20 +331,24 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                                             "signing and writing the manifest come after it")
         manifest["trial"] = trial
 
-        html, terminal = None, ""
+        terminal = ""
         if opts.report:
+            scratch.pause_point("report")
             t_report = time.perf_counter()
             html, terminal, report_table = _report(manifest, output)
             report_table["duration_s"] = time.perf_counter() - t_report
             trial["report"] = report_table
         else:
             trial["report"] = {"skipped": "--no-report"}
+        scratch.pause_point("manifest")
         write_manifest(output, manifest, opts.key, opts.principal)
+        written = True
     finally:
         if wl is not None:
             del wl
-        if workdir_created:
-            shutil.rmtree(workdir, ignore_errors=True)
+        scratch.remove(workdir)
+        if html is not None and not written:
+            html.unlink(missing_ok=True)  # a report without its manifest is half of a result
     return TrialOutcome(output, manifest, html, terminal)
 
 
@@ -399,7 +400,7 @@ def _validation(wl: Any, config: TrialConfig, device: Any) -> dict[str, Any]:
             "loss": loss, "every_steps": config.validation.every_steps}
 
 
-def _checkpoint(wl: Any, config: TrialConfig, workdir: Path) -> dict[str, Any]:
+def _checkpoint(wl: Any, config: TrialConfig, workdir: Path, steps: int) -> dict[str, Any]:
     """One checkpoint written as the user's run writes it (``[trial.checkpoint] format``), timed:
     how long training is blocked and how long until the bytes are durable; then the optional
     timed copy to ``copy_to``."""
@@ -409,17 +410,15 @@ def _checkpoint(wl: Any, config: TrialConfig, workdir: Path) -> dict[str, Any]:
     if not c.enabled:
         return {"skipped": "trial.checkpoint.enabled = false"}
     path = workdir / checkpoint_io.file_name(c.format)
-    saved = {"model": wl.model.state_dict(), "optimizer": wl.optimizer.state_dict(),
-             "scheduler": wl.scheduler.state_dict(), "data_position": wl.loader.state_dict()}
-    if wl.scaler is not None:
-        saved["scaler"] = wl.scaler.state_dict()
-    saved.update(state.capture_rng(wl.device))
+    saved = state.capture_state(wl, wl.device, steps)  # what the recovery check writes: a LoRA run's adapter only
     state.sync(wl.device)
     timing = checkpoint_io.save(saved, path, c.format, wl.device.type)
     out: dict[str, Any] = {"duration_s": timing.durable_s, "size_bytes": timing.size_bytes,
                            "bytes_per_s": timing.size_bytes / timing.durable_s if timing.durable_s else None,
                            "blocked_s": timing.blocked_s, "durable_s": timing.durable_s, "fsync": True,
-                           "contents": sorted(saved), "format": c.format, "every_steps": c.every_steps,
+                           "contents": sorted(k for k in saved if k not in ("format", "step")),
+                           "model_state": "adapter" if state.is_adapter(wl.model) else "full", "format": c.format,
+                           "every_steps": c.every_steps,
                            "note": "written to the trial's work folder (beside the manifest) and removed; "
                                    "durable_s includes fsync; blocked_s is how long training waits"}
     try:
@@ -473,11 +472,13 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
     return out
 
 
-def _recovery(config: TrialConfig, device: Any, workdir: Path) -> dict[str, Any]:
-    from capture.trial.recover import run_recoverability
+def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, Any], models: Any,
+              say: Callable[[str], None]) -> dict[str, Any]:
+    from capture.trial.recover import budget_from_trial, run_recoverability
 
     try:
-        return run_recoverability(config, device, workdir)
+        return run_recoverability(config, device, workdir, budget=budget_from_trial(trial), models=models,
+                                  progress=say)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
         from capture.errors import CaptureError
 

@@ -6,8 +6,11 @@ One place for what the trial stages, the recoverability check and the scaling ra
   ``random``, numpy, torch CPU, the CUDA/ROCm device generators), under the component names of
   :data:`COMPONENTS` (``rng_python``, ``rng_numpy``, ``rng_torch_cpu``, ``rng_cuda``), as tensors
   and plain values so that ``torch.load(weights_only=True)`` reads them back;
-- :func:`capture_state` / :func:`restore_state`: the full training state of a workload (model,
-  optimizer, LR scheduler, grad scaler, RNGs, data position) as one dict keyed by component;
+- :func:`capture_state` / :func:`restore_state`: the training state of a workload as the user's
+  run saves it (model, optimizer, LR scheduler, grad scaler, RNGs, data position) as one dict
+  keyed by component. The ``model`` component is what a run writes of its model: for a LoRA
+  (peft) model its adapter (``get_peft_model_state_dict``), else the whole ``state_dict``; the
+  frozen base of a LoRA run is not saved but verified (capture.trial.base, :func:`base_state`);
 - :func:`component_hashes`: one sha256 per component of such a dict, the same function on the
   saved side and on the restored side, so "equal" means equal bytes;
 - :func:`to_host`: a deep copy of a state with every tensor on the CPU (made once, reused);
@@ -23,6 +26,7 @@ import gc
 import hashlib
 import os
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -39,7 +43,9 @@ COMPONENTS = (
     "data_position",
 )
 RNG_COMPONENTS = ("rng_python", "rng_numpy", "rng_torch_cpu", "rng_cuda")
-STATE_FORMAT = "capture-recovery-2"
+BASE = "base_model"
+"""The frozen base of a LoRA run: verified in the fresh process, never written (capture.trial.base)."""
+STATE_FORMAT = "capture-recovery-3"
 PERTURB_SEED_OFFSET = 1_000_003
 """A withheld RNG is re-seeded from ``seed + PERTURB_SEED_OFFSET``."""
 _HASH_THREADS = max(8, min(32, os.cpu_count() or 8))
@@ -161,13 +167,58 @@ def applicability(workload: Any, device: Any) -> dict[str, str | None]:
     return out
 
 
-def capture_state(workload: Any, device: Any, step: int) -> dict[str, Any]:
-    """Everything a continuation may need, as plain tensors and containers (no pickled objects).
-    Tensors are the live ones (no copy): hash or save it before the next step, or :func:`to_host` it."""
+def is_adapter(model: Any) -> bool:
+    """True for a peft model (a LoRA run): its checkpoint holds the adapter, not the base."""
+    peft = sys.modules.get("peft")  # a model can only be a PeftModel once peft was imported
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def model_state(model: Any, adapter_only: bool = True) -> dict[str, Any]:
+    """What the user's run saves of its model: a peft model's adapter (``get_peft_model_state_dict``,
+    what ``save_pretrained`` writes), else the whole ``state_dict`` (live tensors, no copy).
+    ``adapter_only=False``: the whole state_dict of a peft model too."""
+    if adapter_only and is_adapter(model):
+        from peft import get_peft_model_state_dict
+
+        # save_embedding_layers=False: "auto" may ask the hub whether the vocabulary was resized
+        return get_peft_model_state_dict(model, save_embedding_layers=False)
+    return model.state_dict()
+
+
+def load_model_state(model: Any, saved: Mapping[str, Any], adapter_only: bool = True) -> None:
+    """Load what :func:`model_state` returned (``set_peft_model_state_dict`` for an adapter)."""
+    if adapter_only and is_adapter(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, dict(saved))
+        if result.unexpected_keys:
+            raise RuntimeError(f"the adapter state has keys this model lacks: {', '.join(result.unexpected_keys[:3])}")
+        return
+    model.load_state_dict(saved)
+
+
+def base_state(model: Any) -> dict[str, Any] | None:
+    """The frozen base of a peft model: every state_dict entry that is not a trainable parameter
+    (live tensors); None for a model without an adapter (its whole state is the ``model`` component)."""
+    if not is_adapter(model):
+        return None
+    trainable = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k not in trainable}
+
+
+def model_hash(model: Any, adapter_only: bool = True) -> str:
+    """The ``model`` component's hash of a live model (:func:`model_state`)."""
+    return digest(model_state(model, adapter_only))
+
+
+def capture_state(workload: Any, device: Any, step: int, adapter_only: bool = True) -> dict[str, Any]:
+    """Everything a continuation may need, as the user's run saves it, in plain tensors and
+    containers (no pickled objects). Tensors are the live ones (no copy): hash or save it before
+    the next step, or :func:`to_host` it."""
     state: dict[str, Any] = {
         "format": STATE_FORMAT,
         "step": step,
-        "model": workload.model.state_dict(),
+        "model": model_state(workload.model, adapter_only),
         "optimizer": workload.optimizer.state_dict(),
         "data_position": workload.loader.state_dict(),
     }
@@ -179,28 +230,61 @@ def capture_state(workload: Any, device: Any, step: int) -> dict[str, Any]:
     return state
 
 
-def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[str], seed: int) -> list[str]:
-    """Load ``state`` into a freshly built workload, perturbing every withheld component.
+def as_built(workload: Any, components: Iterable[str], adapter_only: bool = True) -> dict[str, Any]:
+    """A host copy of ``components`` of a workload as it was built (before any step or restore),
+    so that one built workload can stand in for a fresh build at every later restore
+    (:func:`restore_state`'s ``as_built``). Only the RNG streams are left out: a withheld stream
+    is re-seeded, never taken from a build."""
+    wanted = set(components)
+    out: dict[str, Any] = {}
+    if "model" in wanted:
+        out["model"] = model_state(workload.model, adapter_only)
+    if "optimizer" in wanted:
+        out["optimizer"] = workload.optimizer.state_dict()
+    if "scheduler" in wanted and getattr(workload, "scheduler", None) is not None:
+        out["scheduler"] = workload.scheduler.state_dict()
+    if "scaler" in wanted and getattr(workload, "scaler", None) is not None:
+        out["scaler"] = workload.scaler.state_dict()
+    if "data_position" in wanted:
+        out["data_position"] = workload.loader.state_dict()
+    return to_host(out)
 
-    A withheld model, optimizer, scheduler or scaler stays as freshly built (step 0); a withheld
-    data position leaves the loader at 0; a withheld RNG is re-seeded (:func:`restore_rng`).
-    Returns the components the state does not hold (left as built): a checkpoint missing a
-    part is restored as far as it goes, and the state check then names what differs.
+
+def restore_state(workload: Any, state: Mapping[str, Any], withhold: Iterable[str], seed: int,
+                  as_built: Mapping[str, Any] | None = None, adapter_only: bool = True) -> list[str]:
+    """Load ``state`` into a workload, perturbing every withheld component.
+
+    A withheld model, optimizer, scheduler or scaler is as freshly built (step 0); a withheld
+    data position starts at 0; a withheld RNG is re-seeded (:func:`restore_rng`). For a freshly
+    built workload ``as_built`` is None and those components are left as they are; a workload
+    that already trained passes its :func:`as_built` copy, and they are loaded from it (with any
+    gradient left over cleared), so one build serves every restore. Returns the components the
+    state does not hold (left as built): a checkpoint missing a part is restored as far as it
+    goes, and the state check then names what differs.
     """
     withhold = set(withhold)
     applies = [c for c, why in applicability(workload, workload.device).items() if why is None]
     missing = [c for c in applies if c not in state]
-    if "model" not in withhold and "model" in state:
-        workload.model.load_state_dict(state["model"])
-    if "optimizer" not in withhold and "optimizer" in state:
-        workload.optimizer.load_state_dict(state["optimizer"])
-        _unalias(workload.optimizer, state["optimizer"])
-    if "scheduler" not in withhold and "scheduler" in state and getattr(workload, "scheduler", None) is not None:
-        workload.scheduler.load_state_dict(state["scheduler"])
-    if "scaler" not in withhold and "scaler" in state and getattr(workload, "scaler", None) is not None:
-        workload.scaler.load_state_dict(state["scaler"])
-    if "data_position" not in withhold and "data_position" in state:
-        workload.loader.load_state_dict(state["data_position"])
+    if as_built is not None:
+        workload.optimizer.zero_grad(set_to_none=True)
+        workload.model.zero_grad(set_to_none=True)
+
+    def source(c: str) -> Mapping[str, Any] | None:
+        if c not in withhold and c in state:
+            return state
+        return as_built if as_built is not None and c in as_built else None
+
+    if (src := source("model")) is not None:
+        load_model_state(workload.model, src["model"], adapter_only)
+    if (src := source("optimizer")) is not None:
+        workload.optimizer.load_state_dict(src["optimizer"])
+        _unalias(workload.optimizer, src["optimizer"])
+    if (src := source("scheduler")) is not None and getattr(workload, "scheduler", None) is not None:
+        workload.scheduler.load_state_dict(src["scheduler"])
+    if (src := source("scaler")) is not None and getattr(workload, "scaler", None) is not None:
+        workload.scaler.load_state_dict(src["scaler"])
+    if (src := source("data_position")) is not None:
+        workload.loader.load_state_dict(src["data_position"])
     # RNG last: loading the rest must not shift a stream after it was set.
     restore_rng(state, workload.device, withhold, seed)
     return missing
@@ -248,15 +332,21 @@ def to_host(value: Any) -> Any:
 
 
 def pin(value: Any) -> Any:
-    """:func:`to_host`'s layout with every CPU tensor in page-locked memory (CUDA hosts only)."""
+    """Every CPU tensor of ``value`` in page-locked memory (CUDA hosts only), in place: each
+    pageable tensor is replaced (and so freed) as soon as its pinned copy exists, so a 48 GB
+    host copy never needs 96 GB. Dicts and lists are updated; tuples rebuilt."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.pin_memory() if value.device.type == "cpu" and value.numel() else value
-    if isinstance(value, Mapping):
-        return {k: pin(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        for k in list(value):
+            value[k] = pin(value[k])
+        return value
     if isinstance(value, list):
-        return [pin(v) for v in value]
+        for i, v in enumerate(value):
+            value[i] = pin(v)
+        return value
     if isinstance(value, tuple):
         return tuple(pin(v) for v in value)
     return value
@@ -311,6 +401,12 @@ def value_hash(value: Any, pool: ThreadPoolExecutor | None = None) -> str:
     for p in parts:
         h.update(p if isinstance(p, bytes) else p.result())
     return "sha256:" + h.hexdigest()
+
+
+def digest(value: Any) -> str:
+    """:func:`value_hash` with the tensors hashed in threads."""
+    with ThreadPoolExecutor(_HASH_THREADS) as pool:
+        return value_hash(value, pool)
 
 
 def component_hashes(state: Mapping[str, Any], components: Iterable[str] = COMPONENTS) -> dict[str, str]:

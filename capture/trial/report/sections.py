@@ -379,8 +379,10 @@ _RECOVERY_KNOWN = {
     "restore_repeat", "deterministic_algorithms", "max_abs_param_diff", "param_hash_resumed", "param_hash_uninterrupted",
     "checkpoint_size_bytes", "checkpoint_write_s", "restore_load_s", "sensitivity_control", "elapsed_s", "sensitivity",
     "losses_uninterrupted", "losses_resumed", "skipped", "optimizer_hash_resumed", "optimizer_hash_uninterrupted",
-    "components_saved",
+    "components_saved", "base_model", "resume_again", "data_order", "phases", "restored_state",
 }
+_RECOVERY_PHASES = ("reference", "save", "worker_start", "restore_build", "base_verify", "restore", "continuations",
+                    "second_resume", "sensitivity", "total")
 
 
 def _recovery_section(m: Mapping[str, Any]) -> Section:
@@ -421,6 +423,7 @@ def _recovery_section(m: Mapping[str, Any]) -> Section:
     saved = rec.get("components_saved")
     if isinstance(saved, list) and saved:
         sec.rows.append(("saved", ", ".join(map(str, saved))))
+    sec.rows += _resume_rows(rec)
     for key in ("checkpoint_size_bytes", "checkpoint_write_s", "restore_load_s", "sensitivity_control", "elapsed_s"):
         if rec.get(key) is not None:
             sec.rows.append((_label(key), fmt_value(key, rec[key])))
@@ -445,6 +448,37 @@ def _recovery_section(m: Mapping[str, Any]) -> Section:
                          str(s.get("note", ""))])
         sec.grids.append(Grid(["withheld component", "depends", "diverged at step", "loss diff", "note"], rows))
     return sec
+
+
+def _resume_rows(rec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The base, the second resume, the data order and the phase table, one line each."""
+    rows: list[tuple[str, str]] = []
+    b = rec.get("base_model")
+    if isinstance(b, Mapping):
+        bad = b.get("mismatched_files") or []
+        rows.append(("base model", f"{'verified' if b.get('equal') else 'DIFFERS'} ({b.get('kind')}"
+                     + (f": {', '.join(map(str, bad))}" if bad else "") + "), not in the checkpoint"))
+    again = rec.get("resume_again")
+    if isinstance(again, Mapping):
+        rows.append(("second resume", _skipped(again) or f"{again.get('verdict')} (from the checkpoint the first "
+                     f"resume wrote after step {again.get('save_at_step')}; {again.get('restored_state_verdict')})"))
+    order = rec.get("data_order")
+    if isinstance(order, Mapping) and order.get("verdict"):
+        rows.append(("data order", str(order["verdict"])))
+    phases = rec.get("phases")
+    if isinstance(phases, Mapping):
+        overlapped = set(phases.get("overlapped") or ())
+        parts = [f"{name.replace('_', ' ')} {fmt_value('x_s', phases[name + '_s'])}"
+                 + (" (overlapped)" if name in overlapped else "")
+                 for name in _RECOVERY_PHASES if _is_num(phases.get(name + "_s"))]
+        rows.append(("phases", " · ".join(parts)))
+    restored = [r for r in rec.get("restored_state") or [] if isinstance(r, Mapping)]
+    if restored:
+        differs = [f"{r.get('component')}" + (f" ({r['note']})" if r.get("note") else "") for r in restored
+                   if not r.get("equal")]
+        rows.append(("restored state", "differs: " + "; ".join(differs) if differs else
+                     "equal to what was saved: " + ", ".join(str(r.get("component")) for r in restored)))
+    return rows
 
 
 def recovery_extras(rec: Mapping[str, Any], known: set[str]) -> tuple[list[tuple[str, str]], list[Grid]]:

@@ -1,0 +1,92 @@
+"""The parent's handle on one fresh interpreter of the recovery check (``python -m capture.trial._recover_worker``).
+
+A worker is started early with only the setup (config, device, settings, what to prepare), so its
+imports, and where memory allows its build, overlap with other work; it sees no training state
+until :meth:`Worker.start_job` sends the job. Two JSON lines in on stdin, a result file out
+(see capture.trial._recover_worker). ``env`` is added to its environment, so it is there before
+the process initialises CUDA. :meth:`Worker.stop` kills it: the stage calls it in ``finally``,
+so an interrupted trial leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+WORKER_MODULE = "capture.trial._recover_worker"
+
+
+class WorkerFailed(Exception):
+    """A worker exited without a result; ``reason`` is its last error line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Worker:
+    def __init__(self, name: str, setup: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.out = workdir / f"{name}.result.json"
+        self.err = workdir / f"{name}.stderr.txt"
+        self.job_sent_at: float | None = None
+        environ = dict(os.environ, **(env or {}))
+        package_root = str(Path(__file__).resolve().parents[2])
+        environ["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [environ.get("PYTHONPATH")])])
+        self.spawned_at = time.time()
+        with open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], env=environ, stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        self._send(dict(setup, out=str(self.out)))
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died; result() reports why
+
+    def start_job(self, job: Mapping[str, Any]) -> None:
+        self.job_sent_at = time.time()
+        self._send(job)
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def result(self, timeout_s: float | None) -> dict[str, Any]:
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise WorkerFailed(f"the {self.name} process ran past {timeout_s:.0f} s") from None
+        result: dict[str, Any] = {}
+        if self.out.exists():
+            result = json.loads(self.out.read_text())
+        if code != 0 or "error" in result:
+            lines = [ln for ln in self.err.read_text(errors="replace").splitlines() if ln.strip()]
+            raise WorkerFailed(result.get("error") or (lines[-1] if lines else f"exit status {code}"))
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def start_s(self, result: Mapping[str, Any]) -> float | None:
+        """Seconds from the spawn until the worker was ready for its job (imports, prewarm, an early build)."""
+        ready = result.get("ready_at")
+        return float(ready) - self.spawned_at if isinstance(ready, (int, float)) else None
