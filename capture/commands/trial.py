@@ -64,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "memory; on a CPU, MemTotal")
     g.add_argument("--max-batch", type=int, default=1024, metavar="N", help="largest micro-batch the search tries (default 1024)")
     g.add_argument("--catalog", metavar="FILE", help="accelerator catalog overriding the shipped one")
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (added to what is set)")
     g = p.add_argument_group("cost")
     g.add_argument("--price-per-hour", type=float, metavar="P", help="price of the device per hour (default: the catalog's, if any)")
     from capture.costs import parse_positive, parse_tokens
@@ -169,6 +171,9 @@ def _trial(args: argparse.Namespace) -> int:
 
         check_target(args.output)  # a folder, FIFO, device or link: refused before the trial runs
         check_target(Path(args.output).with_suffix(".html"), "-o (its report)")
+    if args.expandable_segments:  # before CUDA starts: the allocator reads it once
+        conf = [c for c in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and not c.startswith("expandable_segments")]
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf + ["expandable_segments:True"])
     if args.hf_cache:
         os.environ["HF_HUB_CACHE"] = str(Path(args.hf_cache).expanduser().resolve())  # the restore worker inherits it
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
