@@ -23,6 +23,8 @@ from capture.trial import scaling, scaling_args
 from capture.trial.config import load_config, load_example
 from capture.trial.scaling import BatchPlan, derive_batch
 from capture.trial.scaling_table import results_tables
+from capture.trial.workload import corpus_text
+from tiny_tokenizer import save_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -204,11 +206,12 @@ def test_sharded_build_equals_the_single_device_build(tmp_path: Path):
     hf = AutoConfig.for_model("llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "llama-files")
+    save_tiny_tokenizer(tmp_path / "llama-files", [corpus_text()])
     cases = {
         "gpt2": _tiny_text(),
         "gpt2-offload": _tiny_text(),
         "llama-lora": _with_model(_tiny_text(method='"lora"', target_modules='["q_proj", "v_proj"]'), LLAMA),
-        "llama-pretrained": _with_model(_tiny_text(), f'[trial.model]\nsource = "local"\npath = "{tmp_path / "llama-files"}"\n'),
+        "llama-pretrained": _with_model(_tiny_text(tokenizer='"model"'), f'[trial.model]\nsource = "local"\npath = "{tmp_path / "llama-files"}"\n'),
     }
     specs = []
     for name, text in cases.items():

@@ -18,6 +18,7 @@ from capture.errors import ConfigError
 from capture.trial.build.data import IGNORE
 from capture.trial.config import parse
 from capture.trial.workload import build_workload
+from tiny_tokenizer import save_tiny_tokenizer
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,20 +252,10 @@ def test_missing_optional_package_names_its_extra(tmp_path):
 
 
 def _model_with_chat_tokenizer(folder: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY)).save_pretrained(folder)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["how do I pack a batch? pad it to the longest sequence."] * 40, trainers.BpeTrainer(
-        vocab_size=310, special_tokens=["<unk>", "<pad>", "<|im_start|>", "<|im_end|>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    fast.save_pretrained(folder)
+    save_tiny_tokenizer(folder, ["how do I pack a batch? pad it to the longest sequence."] * 40, vocab_size=310, chat=True)
 
 
 def test_chat_data_padded_with_loss_on_assistant_turns_longest_first(tmp_path):

@@ -15,6 +15,7 @@ import torch
 from capture.errors import ConfigError
 from capture.trial.config import parse
 from capture.trial.workload import BYTE_EOT, build_workload, corpus_text
+from tiny_tokenizer import save_tiny_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -190,13 +191,7 @@ def _save_tiny_model(folder: Path, with_tokenizer: bool = False) -> None:
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
     if with_tokenizer:
-        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-        from transformers import PreTrainedTokenizerFast
-
-        tok = Tokenizer(models.BPE(unk_token="<unk>"))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.train_from_iterator([corpus_text()], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eot>"]))
-        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eot>", unk_token="<unk>").save_pretrained(folder)
+        save_tiny_tokenizer(folder, [corpus_text()])
 
 
 def _as_hub_cache(cache: Path, kind: str, repo_id: str, files_from: Path, commit: str) -> None:

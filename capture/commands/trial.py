@@ -121,14 +121,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from capture.trial.fit import load_catalog
 
     catalog = load_catalog(args.catalog)
-    unknown = [c for c in args.card if catalog.get(c) is None]
-    if unknown:
-        raise UsageError(f"--card: {unknown[0]!r} is not in the catalog",
-                         "catalog cards: " + ", ".join(c.name for c in catalog.cards))
+    names = []
+    for wanted in args.card:
+        found = catalog.find(wanted)
+        if len(found) != 1:
+            raise UsageError(f"--card: {wanted!r} " + ("is not in the catalog" if not found else
+                             f"matches {len(found)} cards ({', '.join(c.name for c in found)})"),
+                             "catalog cards: " + ", ".join(c.name for c in catalog.cards))
+        names.append(found[0].name)
     preflight(config)
     mb = args.micro_batch or config.batch.micro_batch_size
     plan, est = estimate_config(config, "cuda", mb)
-    fits = card_fits(plan, catalog, args.card or None, args.headroom, mb, args.max_batch)
+    fits = card_fits(plan, catalog, names or None, args.headroom, mb, args.max_batch)
     if args.json:
         sys.stdout.write(json.dumps(to_json(config, plan, est, fits, mb, args.headroom), indent=1) + "\n")
     else:

@@ -38,8 +38,9 @@ class ShardedLoader:
     position (the global loader's) is the same on every rank.
     """
 
-    def __init__(self, source: Any, per_rank_micro_batch: int, world: int, rank: int, seed: int, device: Any) -> None:
-        self.inner = wl_mod.PackedLoader(source, per_rank_micro_batch * world, seed, CPU)
+    def __init__(self, source: Any, per_rank_micro_batch: int, world: int, rank: int, seed: int, device: Any,
+                 longest_first: bool = False) -> None:
+        self.inner = wl_mod.PackedLoader(source, per_rank_micro_batch * world, seed, CPU, longest_first)
         self.world, self.rank, self.device = world, rank, device
         self.source = source
 
@@ -96,40 +97,37 @@ def _threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _pretrained_folder(config: Any) -> Any:
-    """The folder :func:`capture.trial.workload._build_model` loads from (the same checks)."""
-    m = config.model
-    if m.source == "hub":
-        return wl_mod.resolve_snapshot(m.repo_id or "", m.revision, "model", "trial.model.repo_id")
-    path = config.resolve_path(m.path or "")
-    if not (path / "config.json").is_file():
-        from capture.errors import ConfigError
+def _model(config: Any, device: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+    """The model (+LoRA) as :func:`~capture.trial.workload.build_model` builds it, seeded the same
+    way: ``(model, model_info, tokenizer_dir, lora_info)``. On ``META`` nothing is allocated and no
+    weight is read: the model is built from its resolved config (a pretrained folder's
+    config.json; transformers refuses ``from_pretrained`` on the meta device) with the same
+    attention and checkpointing settings; its weights come from rank 0's CPU copy."""
+    if device != META:
+        return wl_mod.build_model(config, device)
+    from transformers import AutoModelForCausalLM
 
-        raise ConfigError(f"trial.model.path: {path} has no config.json", "name a folder written by save_pretrained")
-    return path
+    from capture.errors import ConfigError
+    from capture.trial.build import model as model_mod
 
-
-def _model(config: Any, device: Any) -> tuple[Any, dict[str, Any], Any]:
-    """The model (+LoRA) as :func:`~capture.trial.workload.build_workload` builds it, seeded the
-    same way. On ``META`` nothing is allocated and no weight is read: a pretrained model is built
-    from its folder's config.json (transformers refuses ``from_pretrained`` on the meta device),
-    its weights come from rank 0's CPU copy."""
+    model_mod.check_requirements(config)
+    r = model_mod.resolve(config)
+    if config.model.quantization != "none" or getattr(r.hf_config, "quantization_config", None) is not None:
+        raise ConfigError("trial.model.quantization: the FSDP scaling step cannot shard a quantized base",
+                          "use --strategy ddp for QLoRA, or quantization = \"none\"")
     wl_mod.seed_everything(config.seed)
-    if device == META and config.model.source != "from_config":
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        path = _pretrained_folder(config)
-        with torch.device(META):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path), local_files_only=True))
-        model.to(torch.float32 if config.precision.autocast else wl_mod._DTYPES[config.precision.dtype])
-        info = {"source": config.model.source, "vocab_size": int(model.config.vocab_size)}
-    else:
-        model, info, path = wl_mod._build_model(config, device)
+    with torch.device(META):
+        model = AutoModelForCausalLM.from_config(r.hf_config, dtype=model_mod.weights_dtype(config),
+                                                 **model_mod._attn_kwargs(config))
+    if config.training.gradient_checkpointing:
+        model_mod.enable_checkpointing(model)
     model.train()
+    info = dict(r.info, tokenizer_dir=str(r.tokenizer_dir) if r.tokenizer_dir else None)
+    lora_info = None
     if config.method == "lora":
-        with torch.device(device) if device == META else contextlib.nullcontext():
-            model, info["lora"] = wl_mod._apply_lora(model, config)
-    return model, info, path
+        with torch.device(META):
+            model, lora_info = model_mod.apply_lora(model, config)
+    return model, info, r.tokenizer_dir, lora_info
 
 
 def shard(model: Any, mesh: Any, offload: bool, device: Any) -> dict[str, Any]:
@@ -190,8 +188,7 @@ def build_sharded(config: Any, device: Any, mesh: Any, offload: bool = False) ->
     what to record about the build.
     """
     mesh_rank = mesh.get_local_rank()
-    model, info, path = _model(config, META)
-    params_total, params_trainable = wl_mod.count_params(model)
+    model, info, tokenizer_dir, lora_info = _model(config, META)
     shard_info = shard(model, mesh, offload, device)
     home = CPU if offload else device
     model.to_empty(device=home)
@@ -205,19 +202,13 @@ def build_sharded(config: Any, device: Any, mesh: Any, offload: bool = False) ->
         # torchrun leaves one thread per rank; rank 0's CPU build may use its whole share meanwhile.
         cpus = len(os.sched_getaffinity(0)) if device.type == "cuda" else torch.get_num_threads()
         with _threads(cpus):
-            source, _, _ = _model(config, CPU)
+            source = _model(config, CPU)[0]
     materialise(model, source, mesh)
     del source
     from capture.trial import state
 
     state.release_memory(device)
-    optimizer, opt_info = wl_mod._build_optimizer(model, config, home)
-    horizon = config.warmup_steps + config.measured_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, wl_mod._Schedule(config.scheduler.name, config.scheduler.warmup_steps, horizon))
-    scaler = torch.amp.GradScaler(device.type) if config.precision.dtype == "fp16" else None
-    data = wl_mod.build_data(config, info["vocab_size"], path)
-    loader = wl_mod.PackedLoader(data.train, config.batch.micro_batch_size, config.seed, device)
+    workload = wl_mod.assemble(config, device, model, info, tokenizer_dir, lora_info, optimizer_device=home)
     weights = ("pretrained: read from the model's files on rank 0's CPU" if config.model.source != "from_config"
                else "from config: random init seeded by trial.seed on rank 0's CPU, as a CPU build of the single-device "
                     "workload draws it")
@@ -225,12 +216,8 @@ def build_sharded(config: Any, device: Any, mesh: Any, offload: bool = False) ->
         materialization=("meta device: every rank built the model on the meta device, sharded it and allocated only its "
                          "shard (to_empty); rank 0 built the full model on its CPU and each tensor was sent to the "
                          "shards (distribute_tensor from group rank 0), so no device held the whole model"),
-        weights=weights, optimizer_device=str(home), params_total=params_total,
+        weights=weights, optimizer_device=str(home), params_total=workload.params_total,
         param_bytes_total=sum(p.numel() * p.element_size() for p in model.parameters()))
-    workload = wl_mod.Workload(config=config, device=device, model=model, optimizer=optimizer, scheduler=scheduler,
-                               scaler=scaler, loader=loader, val_source=data.val, tokens_per_step=config.tokens_per_step,
-                               params_total=params_total, params_trainable=params_trainable,
-                               info={"model": info, "optimizer": opt_info})
     return workload, shard_info
 
 
@@ -260,7 +247,8 @@ def build(strategy: str, config: Any, plan: Any, device: Any, rank: int, world: 
         info = {}
     if strategy == "baseline":
         return Built(wl, Feed(wl.loader, config.batch.grad_accum), info)
-    wl.loader = ShardedLoader(wl.loader.source, plan.per_rank_micro_batch, world, rank, config.seed, device)
+    wl.loader = ShardedLoader(wl.loader.source, plan.per_rank_micro_batch, world, rank, config.seed, device,
+                              wl.loader.longest_first)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -67,6 +67,15 @@ class Catalog:
     def get(self, name: str) -> Card | None:
         return next((c for c in self.cards if c.name == name), None)
 
+    def find(self, name: str) -> list[Card]:
+        """The card ``name`` means: its exact name, else every card whose name contains it,
+        ignoring case, spaces and dashes ("h200" → "H200 141GB"; "80GB" → two cards)."""
+        exact = self.get(name)
+        if exact is not None:
+            return [exact]
+        key = re.sub(r"[\s_-]+", "", name).lower()
+        return [c for c in self.cards if key and key in re.sub(r"[\s_-]+", "", c.name).lower()]
+
 
 _CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9 ._$€£¥-]{0,15}")
 

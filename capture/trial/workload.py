@@ -234,6 +234,12 @@ def count_params(model: torch.nn.Module) -> tuple[int, int]:
 
 def build_workload(config: TrialConfig, device: torch.device) -> Workload:
     """Seed everything, then build model (+LoRA), optimizer, scheduler, scaler and data."""
+    return assemble(config, device, *build_model(config, device))
+
+
+def build_model(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any], Any, dict[str, Any] | None]:
+    """The seeded model with every setting applied and LoRA on top: ``(model, model_info,
+    tokenizer_dir, lora_info)``, what :func:`assemble` takes (the sharded build makes its own)."""
     if config.precision.dtype == "fp16" and not config.precision.autocast:
         raise ConfigError("trial.precision.autocast: fp16 weights cannot be trained with a GradScaler",
                           'set autocast = true (fp32 weights, fp16 compute) or use dtype = "bf16"')
@@ -244,8 +250,15 @@ def build_workload(config: TrialConfig, device: torch.device) -> Workload:
     lora_info = None
     if config.method == "lora":
         model, lora_info = model_mod.apply_lora(model, config)
+    return model, model_info, tokenizer_dir, lora_info
+
+
+def assemble(config: TrialConfig, device: torch.device, model: torch.nn.Module, model_info: dict[str, Any],
+             tokenizer_dir: Any, lora_info: dict[str, Any] | None, optimizer_device: torch.device | None = None) -> Workload:
+    """The workload around a built model: optimizer (its state on ``optimizer_device``, default
+    ``device``), scheduler, scaler, data, loss and compilation, and the definition it records."""
     params_total, params_trainable = count_params(model)
-    optimizer, opt_info = build_optimizer(model, config, device)
+    optimizer, opt_info = build_optimizer(model, config, optimizer_device or device)
     scheduler, sched_info = build_scheduler(optimizer, config)
     scaler = torch.amp.GradScaler(device.type) if config.precision.dtype == "fp16" else None
     vocab = int(model.config.get_text_config().vocab_size)
