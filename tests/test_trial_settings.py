@@ -348,3 +348,25 @@ def test_decide_puts_runs_that_differ_in_a_setting_in_different_groups(tmp_path)
     differ = {k for k, v in defs[0].settings} ^ {k for k, v in defs[1].settings} | {
         k for (k, v), (k2, v2) in zip(defs[0].settings, defs[1].settings) if k == k2 and v != v2}
     assert any(k.startswith("training.gradient_checkpointing") for k in differ)
+
+
+@pytest.mark.slow
+def test_compile_is_its_own_phase_and_never_inside_the_step_statistics(tmp_path):
+    """torch.compile (inductor, the CPU's C++ backend) on a tiny Llama: the compilation happens in
+    its own timed phase before the first step, the manifest says what was compiled, and the
+    measured steps run the compiled graph, so no step is as slow as the compilation."""
+    cfg = tmp_path / "t.toml"
+    cfg.write_text("[trial]\nwarmup_steps = 1\nmeasured_steps = 3\n" + LLAMA.format(extra="")
+                   + "[trial.training]\ncompile = true\n[trial.data]\nsource = \"synthetic\"\nsynthetic_sequences = 16\n"
+                   "[trial.batch]\nmax_seq_len = 32\nmicro_batch_size = 2\n")
+    out = tmp_path / "o.toml"
+    assert main(["trial", str(cfg), "--no-recovery", "--no-report", "--no-preflight", "-o", str(out)]) == 0
+    t = _read(out)["trial"]
+    comp = t["run"]["training"]["compile"]
+    assert comp == {"enabled": True, "target": "model", "requested": True}
+    assert t["compile"]["frames_compiled"] >= 1
+    compile_s = t["compile"]["duration_s"]
+    assert compile_s == t["cost"]["phases"]["compile_s"] > 0
+    steps = t["steps"]["step_time_s"] + t["steps"]["warmup_step_time_s"]
+    assert len(steps) == 4 and max(steps) < compile_s
+    assert t["stats"]["step_time_max_s"] < compile_s

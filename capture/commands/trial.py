@@ -114,7 +114,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         raise UsageError(f"--headroom: must be in [0, 1), got {args.headroom:g}", "e.g. --headroom 0.1 keeps 10% free")
     for flag, value in (("--micro-batch", args.micro_batch), ("--max-batch", args.max_batch)):
         if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1, got {value}")
+            raise UsageError(f"{flag}: must be >= 1, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
     config = _load(args)
     from capture.trial.build.model import preflight
     from capture.trial.estimate import card_fits, estimate_config, render_text, to_json
@@ -166,7 +166,7 @@ def _trial(args: argparse.Namespace) -> int:
         raise UsageError(f"--headroom: must be in [0, 1), got {args.headroom:g}", "e.g. --headroom 0.1 keeps 10% free")
     for flag, value in (("--max-batch", args.max_batch), ("--target-tokens", args.target_tokens)):
         if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1, got {value}")
+            raise UsageError(f"{flag}: must be >= 1, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
     for flag, value in (("--price-per-hour", args.price_per_hour), ("--target-epochs", args.target_epochs)):
         if value is not None and not value > 0:
             raise UsageError(f"{flag}: must be > 0, got {value:g}")

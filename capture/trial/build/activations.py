@@ -329,6 +329,14 @@ class LayerModel:
             vr = tr.alloc(p.a * s.q_width * T, "activations")
             tr.free(k, v_id)
             k, v_id = kr, vr
+        # SDPA with dropout on a CPU: no fused kernel takes it, so the math path runs, in fp32
+        # (bf16/fp16 inputs upcast): it saves fp32 q, k, v, the softmax, the dropout's noise (the
+        # dtype of its input) and the dropped probabilities, and no log-sum-exp.
+        math_cpu = self.attn != "eager" and self.device == "cpu" and s.attn_dropout
+        if math_cpu and p.a != 4:
+            q32, k32, v32 = (tr.alloc(4 * w * T, "activations") for w in (s.q_width, s.kv_width, s.kv_width))
+            tr.free(q, k, v_id)
+            q, k, v_id = q32, k32, v32
         tr.keep(run.saved, q, k, v_id)
         if self.attn == "eager":
             per = s.heads * self.S * T  # heads x seq x seq per sequence = heads x seq per token
@@ -349,11 +357,11 @@ class LayerModel:
             tr.free(o)
         else:
             att = tr.alloc(p.a * s.q_width * T, "activations")  # (b, s, h, d) layout: o_proj's input is a view
-            tr.keep(run.saved, tr.alloc(4 * s.heads * T, "attention"), tag="attention")  # log-sum-exp
-            if self.device == "cpu" and s.attn_dropout:  # no dropout in the CPU flash kernel: math path
+            if math_cpu:
                 per = s.heads * self.S * T  # the softmax, the dropout's noise, the dropped probabilities
-                tr.keep(run.saved, tr.alloc(4 * per, "attention"), tr.alloc(p.a * per, "attention"),
-                        tr.alloc(p.a * per, "attention"), tag="attention")
+                tr.keep(run.saved, *(tr.alloc(4 * per, "attention") for _ in range(3)), tag="attention")
+            else:
+                tr.keep(run.saved, tr.alloc(4 * s.heads * T, "attention"), tag="attention")  # log-sum-exp
         att_saved = [False]
         o_out = [self._linear(tr, run, lin, att, p.a, att_saved, lc) for lin in s.by_role("attn_out")]
         tr.keep(run.saved, att)
