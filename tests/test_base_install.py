@@ -94,17 +94,18 @@ def test_reading_commands_work_and_trial_commands_name_their_extra(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(ROOT / "manifests", runs)
     other = runs / "nvidia-h200-x1" / "2026-12-02" / "2405025881d1.toml"
-    allowed = str(runs / "allowed_signers")
+    allowed = str(runs / ".capture" / "allowed_signers")
     h200 = str(runs / H200_RUN.relative_to(ROOT / "manifests"))
     commands = {
         "fingerprint": ["fingerprint", "-o", str(tmp_path / "fp.toml"), "--key", str(tmp_path / "key")],
         "verify": ["verify", str(tmp_path / "fp.toml"), "--allowed-signers", str(tmp_path / "key.allowed")],
-        "verify tree": ["verify", "--signature-only", str(runs)],
+        "verify tree": ["verify", "--signature-only", str(runs), "--allowed-signers", allowed],
         "show": ["show", h200, "--allowed-signers", allowed],
         "compare": ["compare", h200, str(other), "--allowed-signers", allowed],
         "decide": ["decide", str(runs), "--allowed-signers", allowed, "-o", str(tmp_path / "site")],
         "trial": ["trial", "--example", "tiny", "-o", str(tmp_path / "trial.toml")],
         "preflight": ["preflight"],
+        "estimate": ["estimate", "--example", "tiny"],
     }
     # The key's allowed-signers line, as `capture keygen` prints it, for the live verify.
     out = run_without_extras([["keygen", "-o", str(tmp_path / "key")]], tmp_path, home)["results"][0]
@@ -117,11 +118,11 @@ def test_reading_commands_work_and_trial_commands_name_their_extra(tmp_path):
         assert "Traceback" not in r["stderr"] and r["rc"] != "raised", (name, r["stderr"][-2000:])
     assert res["fingerprint"]["rc"] == 0
     assert res["verify"]["rc"] == 0, res["verify"]["stderr"]  # signature, trust and the live stack: unchanged
-    assert res["verify tree"]["rc"] == 0
+    assert res["verify tree"]["rc"] == 0, res["verify tree"]["stdout"][-2000:] + res["verify tree"]["stderr"][-2000:]
     assert res["show"]["rc"] == 0 and "H200" in res["show"]["stdout"]
     assert res["compare"]["rc"] in (0, 1) and "tokens/s" in res["compare"]["stdout"]
     assert res["decide"]["rc"] == 0 and (tmp_path / "site" / "index.html").is_file()
-    for name in ("trial", "preflight"):
+    for name in ("trial", "preflight", "estimate"):
         assert res[name]["rc"] == 2
         assert res[name]["stderr"] == (f"error: capture {name} needs the trial extra (torch is not installed)\n"
                                        f"hint: pip install '{DISTRIBUTION}[trial]'\n")

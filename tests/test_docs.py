@@ -23,8 +23,9 @@ DYNAMIC = [
     (re.compile(r"^python\.packages\.[^.]+"), "python.packages.<name>"),
     (re.compile(r"^environment\.variables\.[^.]+$"), "environment.variables.<NAME>"),
     (re.compile(r"^toolchain\.[^.]+"), "toolchain.<tool>"),
-    (re.compile(r"^trial\.memory\.estimate\.(weights|gradients|optimizer_state|autocast_weight_copies|activations|"
-                r"attention_scores|logits|framework_overhead)\b"), "trial.memory.estimate.<term>"),
+    (re.compile(r"^trial\.memory\.estimate\.(weights|lora_adapters|gradients|optimizer_state|optimizer_state_paged|"
+                r"autocast_weight_copies|activations|attention|logits|transient|library_workspaces|allocator_reserve|"
+                r"cuda_context|libraries|framework_overhead)\b"), "trial.memory.estimate.<term>"),
     (re.compile(r"^trial\.cost\.phases\.[^.]+_s$"), "trial.cost.phases.<phase>_s"),
     (re.compile(r"^datasets\[\]"), "models[]"),
     (re.compile(r"^.*\.skipped$"), "<table>.skipped"),

@@ -153,7 +153,8 @@ def test_each_setting_moves_its_own_term(tmp_path, setting, plain_estimate):
     if setting == "full-fp32":  # the base is bf16 weights without autocast
         # (tiny tensors round up to the allocator's 512 bytes either way)
         assert e("weights") == pytest.approx(2 * b("weights"), rel=0.02)
-        assert e("optimizer_state") == pytest.approx(2 * b("optimizer_state"), rel=0.02)
+        # (and fused Adam's fp32 step counter per parameter, on the device, the same in both)
+        assert e("optimizer_state") == pytest.approx(2 * b("optimizer_state"), rel=0.03)
     elif setting == "full-bf16-autocast":
         assert e("weights") == pytest.approx(2 * b("weights"), rel=0.02)
         assert e("autocast_weight_copies") > 0 == b("autocast_weight_copies")

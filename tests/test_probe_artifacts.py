@@ -113,8 +113,8 @@ def test_other_cached_commit_by_hash(cache: Path) -> None:
      "hf download tatsu-lab/alpaca --repo-type dataset --revision v2"),
     ("tatsu-lab/alpaca", "model", "model tatsu-lab/alpaca is not in the hub cache",
      "hf download tatsu-lab/alpaca --revision main"),
-    ("not a repo!", "model", "is neither a hub repo id", "local folder that exists"),
-    ("org/name@../../etc", "model", "is neither a hub repo id", "local folder that exists"),
+    ("not a repo!", "model", "is neither a hub repo id", "local folder or file that exists"),
+    ("org/name@../../etc", "model", "is neither a hub repo id", "local folder or file that exists"),
 ])
 def test_not_cached_is_a_usage_error(cache: Path, spec: str, kind: str, message: str, hint: str) -> None:
     options = ProbeOptions(models=(spec,) if kind == "model" else (), datasets=(spec,) if kind == "dataset" else (),
@@ -312,3 +312,16 @@ def test_paths_hub_cache_dir_agrees_with_huggingface_hub(env: dict[str, str], ex
     theirs = subprocess.run([sys.executable, "-c", "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"],
                             capture_output=True, text=True, check=True).stdout.strip()
     assert Path(theirs) == Path(expected)
+
+
+def test_local_file(tmp_path: Path) -> None:
+    """A data set kept as one file: hashed by content and name, never mistaken for a hub id."""
+    data = tmp_path / "chat.jsonl"
+    data.write_bytes(b'{"messages": []}\n')
+    (info,) = artifacts.probe_datasets(ProbeOptions(datasets=(str(data),), progress=False))
+    digest = hashlib.sha256(b'{"messages": []}\n').hexdigest()
+    assert (info.source, info.path, info.size_bytes) == ("local-file", str(data), 17)
+    assert info.content_hash == "sha256:" + hashlib.sha256(b"capture-file-v1\0" + f"{digest} chat.jsonl".encode() + b"\0").hexdigest()
+    assert [(f.path, f.sha256) for f in info.files] == [("chat.jsonl", digest)]
+    data.write_bytes(b'{"messages": [1]}\n')
+    assert artifacts.probe_datasets(ProbeOptions(datasets=(str(data),), progress=False))[0].content_hash != info.content_hash

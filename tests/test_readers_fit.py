@@ -1,6 +1,6 @@
 """One cost vocabulary and one target across every reader, and terminal output that fits.
 
-Real data: the H200 manifests committed in ../manifests (trusted through manifests/allowed_signers)
+Real data: the H200 manifests committed in ../manifests (trusted through manifests/.capture/allowed_signers)
 and one real `capture trial --example tiny` on this CPU, made with ``--target-tokens 1e6`` (the flag
 as people write it). Each terminal check runs at ``COLUMNS=100`` and reads the output line by line.
 """
@@ -34,7 +34,7 @@ MANIFESTS = ROOT / "manifests"
 DAY = MANIFESTS / "nvidia-h200-x1" / "2026-12-02"
 H200_A = DAY / "ff69c22bd470.toml"  # llama-1b, full, no recovery
 H200_B = DAY / "0d455e463c23.toml"  # the same run definition, with preflight and recovery
-TRUST = MANIFESTS / "allowed_signers"
+TRUST = MANIFESTS / ".capture" / "allowed_signers"
 WIDTH = 100
 
 

@@ -298,14 +298,14 @@ def test_sharded_loader_ranks_together_read_the_baselines_sequences():
     baseline = PackedLoader(source, 6, seed=7, device=cpu)
     ranks = [ShardedLoader(source, plan.per_rank_micro_batch, 4, r, seed=7, device=cpu) for r in range(4)]
     for _step in range(9):  # crosses an epoch boundary (50 sequences, 12 per step)
-        want = torch.cat([next(baseline) for _ in range(plan.baseline_grad_accum)])
-        got = torch.cat([next(loader) for loader in ranks for _ in range(plan.per_rank_grad_accum)])
+        want = torch.cat([next(baseline).input_ids for _ in range(plan.baseline_grad_accum)])
+        got = torch.cat([next(loader).input_ids for loader in ranks for _ in range(plan.per_rank_grad_accum)])
         assert sorted(map(tuple, want.tolist())) == sorted(map(tuple, got.tolist()))
     # Positions agree across ranks and restore in a new loader.
     assert len({json.dumps({k: v for k, v in r.state_dict().items() if k != "rank"}) for r in ranks}) == 1
     fresh = ShardedLoader(source, plan.per_rank_micro_batch, 4, 2, seed=7, device=cpu)
     fresh.load_state_dict(ranks[2].state_dict())
-    assert torch.equal(next(fresh), next(ranks[2]))
+    assert torch.equal(next(fresh).input_ids, next(ranks[2]).input_ids)
     with pytest.raises(RuntimeError, match="data position is for 4 ranks"):
         ShardedLoader(source, 3, 2, 0, seed=7, device=cpu).load_state_dict(ranks[0].state_dict())
     # The feed counts tokens and lets DDP synchronise only on the last micro-batch of a step.

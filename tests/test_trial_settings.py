@@ -318,6 +318,9 @@ def test_trial_records_settings_mfu_both_ways_and_pad_tokens(tmp_path):
                    '[trial.data]\nsource = "synthetic"\nsynthetic_sequences = 16\n')
     out = tmp_path / "o.toml"
     assert main(["trial", str(cfg), "--catalog", str(cat), "--no-recovery", "--no-report", "--no-preflight", "-o", str(out)]) == 0
+    from test_docs import undocumented
+
+    assert undocumented(_read(out)) == []  # every field the settings add is in docs/manifest.md
     t = _read(out)["trial"]
     tr = t["run"]["training"]
     assert tr["gradient_checkpointing"]["enabled"] and tr["loss"]["name"] == "chunked"

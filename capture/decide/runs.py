@@ -29,6 +29,7 @@ NOT_SETTINGS = frozenset({
     "params_source",  # how a figure was counted
     # where files were on the machine that ran it: their content (config_file_sha256, data.files) is the identity
     "model.config_file", "model.path", "model.tokenizer_dir", "data.path", "data.measured_on",
+    "lora.target_modules_requested",  # how the config said it; lora.target_modules is what peft resolved
 })
 """Keys of ``[trial.run]`` that describe the trial rather than the run it measures; so do keys ending
 in ``_note`` (prose) and ``_version`` (a library's version: stack drift, shown as such). Every other

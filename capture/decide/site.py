@@ -53,6 +53,23 @@ def _ticks(top: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(top / step) + 1)]
 
 
+LABEL_CHAR_PX = 7.5
+"""A generous average glyph width of the page's font at the charts' size, for fitting labels."""
+
+
+def _fit(label: str, chars: int) -> str:
+    """``label`` within ``chars`` characters: a long device name is shortened in its middle (its
+    start and the run id at the end stay); the whole label stays in the bar's tooltip."""
+    if len(label) <= chars:
+        return label
+    head, sep, tail = label.partition(" · ")
+    tail = sep + tail
+    room = chars - len(tail) - 1
+    if room < 12:
+        return label[: chars - 1] + "…"
+    return head[: room - room // 3] + "…" + head[len(head) - room // 3:] + tail
+
+
 def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, limit: list[tuple[str, float]] = ()) -> str:
     """Horizontal bars (label, value, colour, value text) with an axis; ``limit``: dashed lines
     (e.g. a card's memory capacity). Each label stands on its own line above its bar, so a long
@@ -75,7 +92,7 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, lim
                        f'<text x="{x(t):.1f}" y="{base + 6}" text-anchor="middle" fill="#667">{_e(unit(t))}</text>')
     for i, (label, v, colour, text) in enumerate(bars):
         y = top + i * step
-        out.append(f'<text x="{left}" y="{y + label_h - 3}">{_e(label)}</text>'
+        out.append(f'<text x="{left}" y="{y + label_h - 3}">{_e(_fit(label, int((w - left - 4) / LABEL_CHAR_PX)))}</text>'
                    f'<rect x="{left}" y="{y + label_h}" width="{max(x(v) - left, 0.5):.1f}" height="{bar_h}" '
                    f'fill="{colour}"><title>{_e(label)}: {_e(text)}</title></rect>'
                    f'<text x="{x(v) + 4:.1f}" y="{y + label_h + bar_h * 0.75:.1f}">{_e(text)}</text>')

@@ -10,6 +10,8 @@ Hashes:
   (sha256 for LFS files, git blob sha1 otherwise), so this names the content without reading it.
 - local folder: ``content_hash = "sha256:" + sha256(b"capture-dir-v1\\0" + entries)``, one entry
   ``SHA256 SP PATH NUL`` per file (symlinks followed), sorted by relative path bytes.
+- a single local file (a data set as one ``.jsonl``): ``content_hash = "sha256:" +
+  sha256(b"capture-file-v1\\0" + SHA256 SP NAME NUL)``, NAME its file name.
 
 ``verify_artifacts`` re-reads every blob and checks it against its id (sha256 for LFS blobs,
 git's ``sha1("blob <size>\\0" + content)`` otherwise), in parallel threads (hashlib releases the
@@ -148,8 +150,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
     if not sep:
         repo_id, rev = spec, "main"
     if not _REPO_ID.fullmatch(repo_id) or not rev or ".." in rev or rev.startswith("/"):
-        raise UsageError(f"{spec!r} is neither a hub repo id (ORG/NAME[@REV]) nor an existing folder",
-                         "name a repo such as EleutherAI/gpt-j-6B@main, or a local folder that exists")
+        raise UsageError(f"{spec!r} is neither a hub repo id (ORG/NAME[@REV]) nor an existing folder or file",
+                         "name a repo such as EleutherAI/gpt-j-6B@main, or a local folder or file that exists")
     return repo_id, rev
 
 
@@ -299,6 +301,19 @@ def _local_artifact(spec: str, folder: Path, kind: str, options: ProbeOptions) -
     )
 
 
+def _local_file(spec: str, file: Path, kind: str, options: ProbeOptions) -> ArtifactInfo:
+    """One regular file (a data set kept as a single .jsonl or .parquet)."""
+    path = file.resolve()
+    size = path.stat().st_size
+    digest = _parallel([(path.name, lambda cb: file_sha256(path, cb))], size, f"hash {spec}", options.progress)[path.name]
+    entry = f"{digest} ".encode() + path.name.encode() + b"\0"
+    return ArtifactInfo(
+        spec=spec, kind=kind, source="local-file",
+        content_hash="sha256:" + hashlib.sha256(b"capture-file-v1\0" + entry).hexdigest(),
+        size_bytes=size, files=(ArtifactFile(path.name, size, sha256=digest),), path=str(path),
+    )
+
+
 # --------------------------------------------------------------------------- probes
 
 
@@ -307,6 +322,8 @@ def probe_artifact(spec: str, kind: str, options: ProbeOptions) -> ArtifactInfo:
     local = Path(spec).expanduser()
     if local.is_dir():
         return _local_artifact(spec, local, kind, options)
+    if local.is_file():
+        return _local_file(spec, local, kind, options)
     return _hub_artifact(spec, kind, options)
 
 

@@ -241,9 +241,16 @@ class Replay:
     peak_phase: str
 
 
-def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
+CPU_ALIGNMENT = 64
+"""torch's CPU allocator (c10::alloc_cpu) aligns every allocation to 64 bytes and caches nothing."""
+
+
+def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "cuda") -> Replay:
     """Run ``events``: ``("alloc", id, nbytes, tag)``, ``("free", id)``, ``("retag", id, tag)``, ``("phase", name)``,
-    ``("empty_cache",)``, ``("reset_peaks",)``. Peaks count from the last ``reset_peaks``."""
+    ``("empty_cache",)``, ``("reset_peaks",)``. Peaks count from the last ``reset_peaks``. On a CPU
+    there is no caching allocator: sizes are 64-byte aligned and reserved is allocated."""
+    if device_type != "cuda":
+        return _replay_cpu(events)
     alloc = CachingAllocator()
     exp = ExpandableAllocator()
     exp_live: dict[int, tuple[int, int]] = {}
@@ -299,6 +306,38 @@ def replay(events: Iterable[tuple], measure_from: int = 0) -> Replay:
             peak_expandable = _pages(small) + _pages(large)
     return Replay(peak_allocated=alloc.peak_allocated, peak_reserved=alloc.peak_reserved,
                   peak_reserved_expandable=max(exp.peak_reserved, alloc.peak_allocated),
+                  peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
+
+
+def _replay_cpu(events: Iterable[tuple]) -> Replay:
+    live: dict[int, tuple[int, str]] = {}
+    by_tag: dict[str, int] = {}
+    best_tags: dict[str, int] = {}
+    phase = best_phase = ""
+    allocated = peak = 0
+    for ev in events:
+        kind = ev[0]
+        if kind == "alloc":
+            size = -(-ev[2] // CPU_ALIGNMENT) * CPU_ALIGNMENT
+            live[ev[1]] = (size, ev[3])
+            by_tag[ev[3]] = by_tag.get(ev[3], 0) + size
+            allocated += size
+            if allocated > peak:
+                peak, best_tags, best_phase = allocated, dict(by_tag), phase
+        elif kind == "free":
+            size, tag = live.pop(ev[1])
+            by_tag[tag] -= size
+            allocated -= size
+        elif kind == "retag":
+            size, old = live[ev[1]]
+            live[ev[1]] = (size, ev[2])
+            by_tag[old] -= size
+            by_tag[ev[2]] = by_tag.get(ev[2], 0) + size
+        elif kind == "phase":
+            phase = ev[1]
+        elif kind == "reset_peaks":
+            peak, best_tags, best_phase = allocated, dict(by_tag), phase
+    return Replay(peak_allocated=peak, peak_reserved=peak, peak_reserved_expandable=peak,
                   peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
 
 

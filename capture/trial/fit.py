@@ -298,7 +298,7 @@ class _Search:
     def step(self, mb: int) -> int | None:
         import itertools
 
-        ids = self.sample.repeat(mb, 1)
+        ids = self.sample.repeat(mb)
         self.wl.train_step_async(itertools.repeat(ids, self.accum))
         if self.device.type == "cuda":
             import torch

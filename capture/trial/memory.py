@@ -278,10 +278,12 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
     tr.mark("phase", "optimizer step")
     trainable = [(prm.numel, int(prm.bytes_per)) for prm in plan.params if prm.trainable]
     if first and not (plan.optimizer == "paged_adamw_8bit" and plan.device_type == "cuda"):  # paged: unified memory
+        counter = optim_mod.step_counter_bytes(plan.optimizer, plan.opt_impl, plan.device_type)
         for prm in plan.params:
             if prm.trainable:
                 opt_states.append(tr.alloc(optim_mod.state_bytes(plan.optimizer, prm.numel, _shape_of(prm, plan), int(prm.bytes_per),
                                                                  plan.momentum), "optimizer_state"))
+                opt_states.append(tr.alloc(counter, "optimizer_state"))
     t = tr.alloc(optim_mod.step_transient_bytes(plan.opt_impl, plan.optimizer, trainable), "transient")
     tr.free(t)
     tr.free(*grads)  # zero_grad(set_to_none=True)
@@ -309,7 +311,7 @@ def simulate(plan: Plan, micro_batch: int, steps: int = MAX_STEPS, bench: bool =
             tr.mark("empty_cache")
             tr.mark("reset_peaks")
         _step_events(tr, plan, micro_batch, k == 0, states)
-    return replay(tr.events)
+    return replay(tr.events, device_type=plan.device_type)
 
 
 # --------------------------------------------------------------------------- the estimate

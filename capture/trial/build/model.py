@@ -215,6 +215,7 @@ def resolve(config: TrialConfig) -> Resolved:
         tokenizer = weights if _tokenizer_files(weights) else None
         info["weights"] = "pretrained"
     _check_causal_lm(hf)
+    info["architecture"] = hf.model_type  # the name trial.model.architecture takes, whatever the source
     return Resolved(hf, info, weights, tokenizer)
 
 
@@ -448,8 +449,11 @@ def lora_facts(model: Any, config: TrialConfig) -> dict[str, Any]:
         by_name[short] = by_name.get(short, 0) + 1
     adapter_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     requested: Any = lc.target_modules if lc.target_modules is not None else "peft default for the architecture"
+    resolved = getattr(getattr(model, "peft_config", {}).get("default"), "target_modules", None)
     return {"rank": lc.rank, "alpha": lc.alpha, "dropout": lc.dropout,
-            "target_modules": list(requested) if isinstance(requested, tuple) else requested,
+            "target_modules": sorted(resolved) if isinstance(resolved, (set, list, tuple)) else
+            (resolved if isinstance(resolved, str) else None) or sorted(by_name),
+            "target_modules_requested": list(requested) if isinstance(requested, tuple) else requested,
             "adapted_modules": dict(sorted(by_name.items())), "adapted_module_count": len(adapted),
             "adapter_params": adapter_params, "peft_version": peft.__version__}
 

@@ -115,9 +115,21 @@ def state_facts(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the optimizer term
 
 
+def step_counter_bytes(name: str, impl: str, device_type: str) -> int:
+    """The fp32 ``step`` tensor torch's Adam/AdamW and Adafactor keep per parameter, where it lives on
+    the device being estimated: always on a CPU run; on a GPU only for fused Adam (its step stays on
+    the device; the foreach and for-loop paths keep it on the host). bitsandbytes keeps an int."""
+    if name in ("adamw", "adam"):
+        return 4 if device_type != "cuda" or impl == "fused" else 0
+    if name == "adafactor":
+        return 4 if device_type != "cuda" else 0
+    return 0
+
+
 def state_bytes(name: str, numel: int, shape: tuple[int, ...], param_bytes: int, momentum: float = 0.0,
                 min_8bit_size: int = 4096) -> int:
-    """Bytes of one parameter's optimizer state, as each optimizer keeps it."""
+    """Bytes of one parameter's optimizer state, as each optimizer keeps it (the step counter aside:
+    :func:`step_counter_bytes`)."""
     if name in ("adamw", "adam"):
         return 2 * numel * param_bytes
     if name == "sgd":
