@@ -179,7 +179,7 @@ def test_each_setting_moves_its_own_term(tmp_path, setting, plain_estimate):
     elif setting == "adafactor":
         assert 0 < e("optimizer_state") < b("optimizer_state") / 4
     elif setting == "sgd":
-        assert e("optimizer_state") * 2 == pytest.approx(b("optimizer_state"), rel=0.01)  # Adam's step counters aside
+        assert e("optimizer_state") * 2 == pytest.approx(b("optimizer_state"), rel=0.03)  # Adam's step counters aside
 
 
 def test_estimate_reads_the_longest_sequence_it_was_told(tmp_path):
