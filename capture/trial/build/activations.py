@@ -299,6 +299,20 @@ class LayerModel:
 
     # ---- forward
 
+    def _block_in(self, tr: Any, run: LayerRun, x_id: int, role: str, lc: dict[str, int]) -> list[int]:
+        """A block's norm, then its input projections reading the norm's output, which is saved
+        when one of them trains; returns the projections' outputs."""
+        p = self.p
+        self._norm(tr, run, p.r, x_id)
+        y = tr.alloc(p.r * self.s.hidden * self.T, "transient")
+        saved = [False]
+        outs = [self._linear(tr, run, lin, y, p.r, saved, lc) for lin in self.s.by_role(role)]
+        if saved[0]:
+            tr.keep(run.saved, y)
+        else:
+            tr.free(y)
+        return outs
+
     def forward(self, tr: Any, x_id: int, keep_input: bool = False, checkpointed: bool = False) -> tuple[int, LayerRun]:
         """Forward of one layer over the residual stream ``x_id`` (r bytes); returns the new
         residual stream and what the backward needs. ``keep_input``: the input stays alive (a
@@ -308,14 +322,7 @@ class LayerModel:
         run = LayerRun()
         lc: dict[str, int] = {}
         # attention block
-        self._norm(tr, run, p.r, x_id)
-        y = tr.alloc(p.r * h * T, "transient")
-        y_saved = [False]
-        outs = [self._linear(tr, run, lin, y, p.r, y_saved, lc) for lin in s.by_role("attn_in")]
-        if y_saved[0]:
-            tr.keep(run.saved, y)
-        else:
-            tr.free(y)
+        outs = self._block_in(tr, run, x_id, "attn_in", lc)
         # rotary on q and k: new tensors, saved by the attention kernel
         q = tr.alloc(p.a * s.q_width * T, "activations")
         k = tr.alloc(p.a * s.kv_width * T, "activations")
@@ -381,14 +388,7 @@ class LayerModel:
             run.saved, run.casts, run.cast_of = [], [], {}
         run.mlp_start = len(run.saved)
         # MLP block
-        self._norm(tr, run, p.r, h1)
-        y2 = tr.alloc(p.r * h * T, "transient")
-        y2_saved = [False]
-        ins = [self._linear(tr, run, lin, y2, p.r, y2_saved, lc) for lin in s.by_role("mlp_in")]
-        if y2_saved[0]:
-            tr.keep(run.saved, y2)
-        else:
-            tr.free(y2)
+        ins = self._block_in(tr, run, h1, "mlp_in", lc)
         i = s.intermediate
         down = s.by_role("mlp_out")
         down_trains = any(lin.trainable for lin in down)
