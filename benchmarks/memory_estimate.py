@@ -14,6 +14,8 @@ Then, beside each measurement, the estimate ``capture estimate`` makes for the s
 term, total, and the ratio estimate / measured, for the allocator's peak and for the device.
 
     python3 benchmarks/memory_estimate.py --out DIR [--groups 1b-full,8b-lora] [--trace] [--quick]
+    python3 benchmarks/memory_estimate.py --out DIR --report GROUPS_JSONL          # estimate beside it
+    python3 benchmarks/memory_estimate.py --out DIR --settings-table GROUPS_JSONL  # cost of each setting
 
 ``--quick`` runs a tiny Llama on the CPU (CI): the estimate against the traced allocation peak.
 """
@@ -318,6 +320,29 @@ def report(groups_file: Path, out: Path) -> int:
     return 0
 
 
+def settings_table(groups_file: Path) -> int:
+    """What each setting costs on the device that ran the grid: device memory, the measured step's
+    time and its tokens/s, per shape (one step after a warm-up step, with a device sync after the
+    forward, the backward and the optimizer step: an indication, not a trial's median)."""
+    G = 2 ** 30
+    names = {"full": "full fine-tune, bf16", "lora": "LoRA r16, bf16 base", "qlora": "QLoRA r16, nf4 base",
+             "amp": "full fine-tune, fp32 master + bf16 autocast"}
+    print(f"{'size':<5}{'setting':<46}{'ckpt':>5}{'seq':>6}{'mb':>4}{'device GiB':>11}{'step s':>8}{'tokens/s':>10}")
+    for line in groups_file.read_text().splitlines():
+        d = json.loads(line)
+        m = d["meta"]
+        setting = names[m["method"]] + (" (expandable segments)" if "expandable" in (m.get("alloc_conf") or "") else "")
+        for r in d["rows"]:
+            if not r.get("fits"):
+                print(f"{m['size']:<5}{setting:<46}{'on' if r['gradient_checkpointing'] else 'off':>5}{r['seq']:>6}"
+                      f"{r['micro_batch']:>4}{'OOM':>11}")
+                continue
+            tps = r["micro_batch"] * r["seq"] / r["step_s"]
+            print(f"{m['size']:<5}{setting:<46}{'on' if r['gradient_checkpointing'] else 'off':>5}{r['seq']:>6}"
+                  f"{r['micro_batch']:>4}{r['device_used'] / G:>11.2f}{r['step_s']:>8.3f}{tps:>10.0f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -325,7 +350,11 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--group", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, metavar="GROUPS_JSONL", help="only compare: estimate against a recorded groups.jsonl")
+    ap.add_argument("--settings-table", type=Path, metavar="GROUPS_JSONL",
+                    help="only print memory, step time and tokens/s per setting from a recorded groups.jsonl")
     args = ap.parse_args()
+    if args.settings_table:
+        return settings_table(args.settings_table)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report:
         return report(args.report, args.out)

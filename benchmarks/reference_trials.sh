@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 22's reference trials on one GPU: Llama-3.1-8B from its real config.json, each setting a
+# signed manifest with its HTML report, written under OUT (default ./reference-trials):
+#   full-gc         full fine-tune, bf16, gradient checkpointing          (llama-3.1-8b-full)
+#   lora-gc         LoRA r16, checkpointing                               (llama-3.1-8b-lora)
+#   lora-nogc       LoRA r16, no checkpointing, micro-batch 2
+#   qlora-gc        QLoRA nf4, checkpointing                              (llama-3.1-8b-qlora; needs bitsandbytes)
+#   lora-chunked-8k LoRA r16, checkpointing, chunked loss, 1 x 8192 tokens
+# Each runs the whole trial (estimate, steps, validation, checkpoint, fit, recovery); the recovery
+# stage is skipped for lora-nogc and lora-chunked-8k to keep the set within 10 minutes of device
+# time. Then: add the key's allowed-signers line to manifests/.capture/allowed_signers, pin the
+# manifests (`capture pin`), and `capture decide manifests` ranks them in separate groups.
+#
+#   bash benchmarks/reference_trials.sh [OUT] [KEY]
+#   ESTIMATE_ONLY=1 bash benchmarks/reference_trials.sh   # no GPU: each config's `capture estimate` on an H200
+set -euo pipefail
+OUT=${1:-reference-trials}
+KEY=${2:-$OUT/signer}
+CAPTURE=${CAPTURE:-python3 -m capture}
+EX=capture/trial/examples
+mkdir -p "$OUT/configs"
+[ -n "${ESTIMATE_ONLY:-}" ] || [ -f "$KEY" ] || $CAPTURE keygen -o "$KEY" -C "reference-trials@$(hostname)"
+
+variant() {  # variant NAME FROM [sed expressions...]: a config beside the examples' config.json
+    local name=$1 from=$2
+    shift 2
+    local file="$OUT/configs/$name.toml"
+    sed -e "s|^config_file = \"llama-3.1-8b/config.json\"|config_file = \"$PWD/$EX/llama-3.1-8b/config.json\"|" \
+        -e "0,/^name = /s|^name = .*|name = \"$name\"|" "$@" "$EX/$from.toml" > "$file"
+    echo "$file"
+}
+
+run() {  # run NAME CONFIG [flags...]
+    local name=$1 cfg=$2
+    shift 2
+    echo "== $name ($(date -u +%H:%M:%S))"
+    if [ -n "${ESTIMATE_ONLY:-}" ]; then
+        $CAPTURE estimate "$cfg" --card H200 | tail -n 8
+        return
+    fi
+    $CAPTURE trial "$cfg" --key "$KEY" -o "$OUT/$name.toml" "$@" || echo "!! $name exited $?"
+}
+
+run full-gc "$(variant full-gc llama-3.1-8b-full)"
+run lora-gc "$(variant lora-gc llama-3.1-8b-lora)"
+run lora-nogc "$(variant lora-nogc llama-3.1-8b-lora -e 's/^gradient_checkpointing = true/gradient_checkpointing = false/' \
+    -e 's/^micro_batch_size = 4/micro_batch_size = 2/')" --no-recovery
+run qlora-gc "$(variant qlora-gc llama-3.1-8b-qlora)"
+run lora-chunked-8k "$(variant lora-chunked-8k llama-3.1-8b-lora \
+    -e 's/^gradient_checkpointing = true/gradient_checkpointing = true\nloss = "chunked"/' \
+    -e 's/^max_seq_len = 2048/max_seq_len = 8192/' -e 's/^micro_batch_size = 4/micro_batch_size = 1/')" --no-recovery
+ls -l "$OUT"
