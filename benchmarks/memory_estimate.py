@@ -316,6 +316,19 @@ def report(groups_file: Path, out: Path) -> int:
               f"{m['device_used'] / G:>12.2f}{e['device'] / G:>9.2f}{q['device']:>7.3f}")
     print(f"worst |ratio - 1|: allocated {worst['allocated']:.1%}, reserved {worst['reserved']:.1%}, device {worst['device']:.1%}"
           f" over {len(rows_out)} shapes (GiB; estimate / measured)")
+    misses = [r for r in rows_out if abs(r["ratio"]["device"] - 1) > 0.05]
+    if misses:
+        print(f"\nshapes beyond 5 % of the device figure ({len(misses)}), by term (estimate - measured, GiB):")
+        for r in misses:
+            m, e = r["measured"], r["estimate"]
+            parts = {"tensors (peak allocated)": e["peak_allocated"] - m["peak_allocated"],
+                     "allocator_reserve": (e["peak_reserved"] - e["peak_allocated"]) - (m["peak_reserved"] - m["peak_allocated"]),
+                     "outside the allocator (context, libraries)": e["outside_allocator"] - (m["device_used"] - m["peak_reserved"])}
+            worst_term = max(parts, key=lambda k: abs(parts[k]))
+            name = (f"{r['size']}-{r['method']}{'@exp' if r['expandable_segments'] else ''} "
+                    f"gc={int(r['gradient_checkpointing'])} {r['seq']}x{r['micro_batch']}")
+            print(f"  {name:<32} device {r['ratio']['device'] - 1:+.1%}: " + ", ".join(
+                f"{k} {v / G:+.2f}" for k, v in parts.items()) + f"; the miss is in {worst_term}")
     (out / "memory-grid.json").write_text(json.dumps({"rows": rows_out, "worst": worst}, indent=1))
     return 0
 

@@ -328,7 +328,7 @@ def test_activation_model_matches_torch_saved_tensors(tmp_path, family, method):
 def test_committed_h200_grid_stays_within_its_measured_accuracy(tmp_path):
     """The estimate replayed against the committed H200 measurement of 56 shapes: the peak of
     allocated tensors within 2 % everywhere; the device figure within 5 % at no fewer shapes than
-    the committed report (46) and nowhere beyond 11 % (the one shape at the card's limit)."""
+    the committed report (48) and nowhere beyond 11 % (the one shape at the card's limit)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_estimate.py"), "--out", str(tmp_path),
                            "--report", str(GRID)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -338,7 +338,7 @@ def test_committed_h200_grid_stays_within_its_measured_accuracy(tmp_path):
         (r["size"], r["method"], r["seq"], r["micro_batch"], r["ratio"]["allocated"]) for r in rows
         if abs(r["ratio"]["allocated"] - 1) > 0.02]
     within = [r for r in rows if abs(r["ratio"]["device"] - 1) <= 0.05]
-    assert len(within) >= 46
+    assert len(within) >= 48
     assert max(abs(r["ratio"]["device"] - 1) for r in rows) <= 0.11
     assert {(r["size"], r["method"]) for r in rows} >= {(s, m) for s in ("1b", "8b") for m in ("full", "lora", "qlora")}
 
