@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny_configs import gpt2_model
+
 from capture import manifest as mf
 from capture import signing
 from capture._cli import main
@@ -22,18 +24,7 @@ name = "small"
 seed = 5
 warmup_steps = 1
 measured_steps = 2
-[trial.model]
-source = "from_config"
-architecture = "gpt2"
-[trial.model.config]
-vocab_size = 257
-n_positions = 64
-n_embd = 32
-n_layer = 1
-n_head = 2
-bos_token_id = 256
-eos_token_id = 256
-[trial.batch]
+""" + gpt2_model(n_positions=64) + """[trial.batch]
 max_seq_len = 32
 micro_batch_size = 2
 [trial.validation]

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from tiny_configs import gpt2_model
+
 from capture.errors import ConfigError
 from capture.trial import checkpoint_io, recover, report, state
 from capture.trial.config import TrialConfig, load_example, parse
@@ -39,20 +41,7 @@ device = "cpu"
 warmup_steps = 1
 measured_steps = 5
 
-[trial.model]
-source = "from_config"
-architecture = "gpt2"
-
-[trial.model.config]
-vocab_size = 257
-n_positions = 32
-n_embd = 32
-n_layer = 1
-n_head = 2
-resid_pdrop = 0.1
-embd_pdrop = 0.1
-attn_pdrop = 0.1
-
+""" + gpt2_model(dropout=0.1, specials=False, blank_lines=True) + """
 [trial.optimizer]
 name = "adamw"
 lr = 3e-3

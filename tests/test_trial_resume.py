@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_configs import gpt2_model
+
 from capture.trial import checkpoint_io, recover, state
 from capture.trial.config import TrialConfig, parse
 from capture.trial.workload import build_workload
@@ -63,21 +65,7 @@ save_at_step = 2
 total_steps = 4
 """
 
-FROM_CONFIG = """[trial.model]
-source = "from_config"
-architecture = "gpt2"
-
-[trial.model.config]
-vocab_size = 257
-n_positions = 32
-n_embd = 32
-n_layer = 1
-n_head = 2
-resid_pdrop = 0.1
-embd_pdrop = 0.1
-attn_pdrop = 0.1
-bos_token_id = 256
-eos_token_id = 256"""
+FROM_CONFIG = gpt2_model(dropout=0.1, blank_lines=True)
 
 
 def _config(tmp_path: Path, method: str = "lora", model: str = FROM_CONFIG, **recovery) -> TrialConfig:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tiny_configs import gpt2_model
+
 from capture.trial.scratch import PAUSE_ENV, PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,16 +35,7 @@ seed = 5
 device = "cpu"
 warmup_steps = 1
 measured_steps = 2
-[trial.model]
-source = "from_config"
-architecture = "gpt2"
-[trial.model.config]
-vocab_size = 257
-n_positions = 32
-n_embd = 32
-n_layer = 1
-n_head = 2
-[trial.batch]
+""" + gpt2_model(specials=False) + """[trial.batch]
 max_seq_len = 32
 micro_batch_size = 2
 [trial.data]

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiny_configs import gpt2_model
+
 from capture.errors import ConfigError
 from capture.trial.config import parse
 from capture.trial.workload import BYTE_EOT, build_workload, corpus_text
@@ -25,21 +27,7 @@ name = "small"
 seed = 7
 warmup_steps = 0
 measured_steps = 2
-[trial.model]
-source = "from_config"
-architecture = "gpt2"
-[trial.model.config]
-vocab_size = 257
-n_positions = 32
-n_embd = 32
-n_layer = 1
-n_head = 2
-resid_pdrop = 0.1
-embd_pdrop = 0.1
-attn_pdrop = 0.1
-bos_token_id = 256
-eos_token_id = 256
-[trial.batch]
+""" + gpt2_model(dropout=0.1) + """[trial.batch]
 max_seq_len = 32
 micro_batch_size = 3
 grad_accum = 2
