@@ -22,6 +22,7 @@ from capture.trial import memory
 from capture.trial.allocator import (LARGE_BUFFER, ROUND_LARGE, SMALL_BUFFER, CachingAllocator, ExpandableAllocator,
                                      allocation_size, replay, round_size)
 from capture.trial.config import example_names, load_example, parse
+from capture.trial.estimate import Curve, largest_fitting
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "docs" / "measurements" / "h200-memory-grid-2026-12-04.groups.jsonl"
@@ -92,6 +93,34 @@ def test_largest_micro_batch_is_the_boundary_of_the_estimate(capsys):
                      "--json"]) == 0
         totals[mb] = json.loads(capsys.readouterr().out)["estimate"]["total_bytes"]
     assert totals[best] <= card["usable_bytes"] < totals[best + 1]
+
+
+CURVES = {
+    "straight": lambda mb: 10 * GIB + mb * 700 * MIB,
+    "reserve steps": lambda mb: 10 * GIB + mb * 700 * MIB + (mb // 3) * 2 * GIB,  # the allocator's reserve jumps
+    "convex": lambda mb: 4 * GIB + mb * mb * 64 * MIB,
+    "flat, then a cliff": lambda mb: 20 * GIB + (0 if mb < 37 else 200 * GIB),
+}
+
+
+@pytest.mark.parametrize("shape", CURVES)
+def test_largest_fitting_is_exact_on_any_growing_curve_and_shares_its_points(shape):
+    """Against a scan of every micro-batch: the exact boundary for many card sizes and ceilings;
+    one curve serves every card, so later cards cost few new points."""
+    f = CURVES[shape]
+    curve = Curve(f)
+    for usable in [f(1) - 1] + [int(g * GIB) for g in (12, 18.5, 40, 80, 141, 192, 400)]:
+        for ceiling in (8, 64, 1024):
+            want = max((mb for mb in range(1, ceiling + 1) if f(mb) <= usable), default=None)
+            got, capped = largest_fitting(curve, usable, ceiling)
+            assert got == want, (shape, usable / GIB, ceiling)
+            assert capped == (want == ceiling)
+    assert len(curve.seen) <= 40  # a scan would replay hundreds of points
+    straight = Curve(CURVES["straight"])
+    for usable in (40 * GIB, 80 * GIB, 141 * GIB, 192 * GIB):
+        before = len(straight.seen)
+        largest_fitting(straight, usable, 1024)
+        assert len(straight.seen) - before <= (4 if before == 0 else 2)
 
 
 def test_the_8b_settings_order_as_the_h200_measured_them(capsys):

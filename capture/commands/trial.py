@@ -132,7 +132,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     preflight(config)
     mb = args.micro_batch or config.batch.micro_batch_size
     plan, est = estimate_config(config, "cuda", mb)
-    fits = card_fits(plan, catalog, names or None, args.headroom, mb, args.max_batch)
+    fits = card_fits(plan, catalog, names or None, args.headroom, mb, args.max_batch, {mb: est.total_bytes})
     if args.json:
         sys.stdout.write(json.dumps(to_json(config, plan, est, fits, mb, args.headroom), indent=1) + "\n")
     else:

@@ -241,18 +241,34 @@ class Replay:
     peak_phase: str
 
 
+class _NoAllocator:
+    """Stands in for the expandable model when its figure is not wanted."""
+
+    peak_reserved = 0
+
+    def malloc(self, nbytes: int) -> None:
+        return None
+
+    def free(self, handle: object) -> None:
+        pass
+
+    empty_cache = reset_peaks = lambda self: None
+
+
 CPU_ALIGNMENT = 64
 """torch's CPU allocator (c10::alloc_cpu) aligns every allocation to 64 bytes and caches nothing."""
 
 
-def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "cuda") -> Replay:
+def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "cuda",
+           expandable: bool = True) -> Replay:
     """Run ``events``: ``("alloc", id, nbytes, tag)``, ``("free", id)``, ``("retag", id, tag)``, ``("phase", name)``,
     ``("empty_cache",)``, ``("reset_peaks",)``. Peaks count from the last ``reset_peaks``. On a CPU
-    there is no caching allocator: sizes are 64-byte aligned and reserved is allocated."""
+    there is no caching allocator: sizes are 64-byte aligned and reserved is allocated.
+    ``expandable=False`` skips the ``expandable_segments`` model (its figure is then the default's)."""
     if device_type != "cuda":
         return _replay_cpu(events)
     alloc = CachingAllocator()
-    exp = ExpandableAllocator()
+    exp = ExpandableAllocator() if expandable else _NoAllocator()
     exp_live: dict[int, tuple[int, int]] = {}
     live: dict[int, tuple[tuple[int, int], int, str]] = {}
     by_tag: dict[str, int] = {}
@@ -305,7 +321,7 @@ def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "c
             peak_alloc, best_tags, best_phase = alloc.allocated, dict(by_tag), phase
             peak_expandable = _pages(small) + _pages(large)
     return Replay(peak_allocated=alloc.peak_allocated, peak_reserved=alloc.peak_reserved,
-                  peak_reserved_expandable=max(exp.peak_reserved, alloc.peak_allocated),
+                  peak_reserved_expandable=max(exp.peak_reserved, alloc.peak_allocated) if expandable else alloc.peak_reserved,
                   peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
 
 

@@ -45,29 +45,42 @@ class Curve:
 
 def largest_fitting(curve: Curve, usable: int, ceiling: int) -> tuple[int | None, bool]:
     """The largest micro-batch whose estimate stays within ``usable`` (None: not even 1), and
-    whether ``ceiling`` itself fits. Starts from the line through micro-batches 1 and 2, then
-    bisects on replayed points (memory grows with the micro-batch)."""
+    whether ``ceiling`` itself fits. Memory grows with the micro-batch, nearly in a line (the
+    allocator's reserve moves in steps), so the search brackets the answer with every point
+    already replayed (for any card), interpolates inside the bracket and checks the guess's
+    neighbour; where an interpolation did not halve the bracket, the next step bisects."""
     if curve(1) > usable:
         return None, False
-    slope = max(1, curve(2) - curve(1))
-    guess = max(1, min(ceiling, 1 + (usable - curve(1)) // slope))
-    good, bad = 1, None
-    if curve(guess) <= usable:
-        good = guess
-        step = max(1, guess // 8)
-        while good < ceiling:
-            nxt = min(ceiling, good + step)
-            if curve(nxt) <= usable:
-                good, step = nxt, step * 2
-            else:
-                bad = nxt
-                break
-    else:
-        bad = guess
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if curve(mid) <= usable else (good, mid)
-    return good, good >= ceiling
+    halve = False
+    while True:
+        good, bad = _bracket(curve, usable)
+        if good >= ceiling:
+            return ceiling, True
+        if bad is not None and bad - good <= 1:
+            return good, False
+        if bad is None:  # beyond every point: extrapolate along the last two that fit
+            lower = max((mb for mb in curve.seen if mb < good), default=None)
+            slope = max(1, (curve(good) - curve(lower)) // (good - lower)) if lower else max(1, curve(good + 1) - curve(good))
+            guess = min(ceiling, good + max(1, (usable - curve(good)) // slope))
+        elif halve:
+            guess = (good + bad) // 2
+        else:
+            guess = good + (usable - curve(good)) * (bad - good) // max(1, curve(bad) - curve(good))
+            guess = min(bad - 1, max(good + 1, guess))
+        width = None if bad is None else bad - good
+        if curve(guess) <= usable:
+            curve(min(ceiling, guess + 1))  # on a straight curve the neighbour closes the bracket
+        elif guess - 1 > good:
+            curve(guess - 1)
+        new_good, new_bad = _bracket(curve, usable)
+        halve = width is not None and new_bad is not None and new_bad - new_good > width // 2
+
+
+def _bracket(curve: Curve, usable: int) -> tuple[int, int | None]:
+    """The largest replayed micro-batch that fits and the smallest that does not (None: none)."""
+    good = max(mb for mb, v in curve.seen.items() if v <= usable)
+    bad = min((mb for mb, v in curve.seen.items() if v > usable), default=None)
+    return good, bad
 
 
 def estimate_config(config: Any, device_type: str = "cuda", micro_batch: int | None = None,
@@ -78,9 +91,11 @@ def estimate_config(config: Any, device_type: str = "cuda", micro_batch: int | N
 
 
 def card_fits(plan: memory.Plan, catalog: Any, names: list[str] | None, headroom: float, micro_batch: int,
-              ceiling: int = 1024) -> list[CardFit]:
-    """Each catalog card (or the named ones) against the estimate's device total."""
-    curve = Curve(lambda mb: memory.estimate_plan(plan, mb).total_bytes)
+              ceiling: int = 1024, known: dict[int, int] | None = None) -> list[CardFit]:
+    """Each catalog card (or the named ones) against the estimate's device total. ``known``:
+    device totals already estimated, by micro-batch."""
+    curve = Curve(lambda mb: memory.estimate_plan(plan, mb, expandable=False).total_bytes)
+    curve.seen.update(known or {})
     cards = [c for c in catalog.cards if not names or c.name in names]
     out = []
     for c in cards:

@@ -275,7 +275,8 @@ def _per_sample_bytes_estimate(wl: Any, config: Any, device: Any) -> int:
     from capture.trial import memory
 
     plan = memory.plan_for(config, device.type)
-    return max(1, memory.estimate_plan(plan, 2).total_bytes - memory.estimate_plan(plan, 1).total_bytes)
+    return max(1, memory.estimate_plan(plan, 2, expandable=False).total_bytes
+                 - memory.estimate_plan(plan, 1, expandable=False).total_bytes)
 
 
 class _Search:

@@ -297,9 +297,10 @@ def _shape_of(prm: Any, plan: Plan) -> tuple[int, ...]:
     return (prm.numel,)
 
 
-def simulate(plan: Plan, micro_batch: int, steps: int = MAX_STEPS, bench: bool = False) -> Any:
+def simulate(plan: Plan, micro_batch: int, steps: int = MAX_STEPS, bench: bool = False, expandable: bool = True) -> Any:
     """Replay the build and ``steps`` training steps. ``bench``: the benchmark's protocol (one
-    step, ``empty_cache``, peaks reset, one measured step)."""
+    step, ``empty_cache``, peaks reset, one measured step). ``expandable``: model
+    ``expandable_segments:True`` beside the default allocator."""
     tr = Trace()
     _build_events(tr, plan)
     tr.mark("reset_peaks")
@@ -311,7 +312,7 @@ def simulate(plan: Plan, micro_batch: int, steps: int = MAX_STEPS, bench: bool =
             tr.mark("empty_cache")
             tr.mark("reset_peaks")
         _step_events(tr, plan, micro_batch, k == 0, states)
-    return replay(tr.events, device_type=plan.device_type)
+    return replay(tr.events, device_type=plan.device_type, expandable=expandable)
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -329,10 +330,11 @@ def _fmt_storage(plan: Plan) -> dict[str, Any]:
 
 
 def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = None, overhead_source: str = "",
-                  libraries_bytes: int | None = None) -> MemoryEstimate:
+                  libraries_bytes: int | None = None, expandable: bool = True) -> MemoryEstimate:
     """Every term at the allocated peak of the replayed run, the allocator's reserve, and the
-    device-level terms. ``overhead_bytes``: the measured context (GPU) or process (CPU)."""
-    r = simulate(plan, micro_batch)
+    device-level terms. ``overhead_bytes``: the measured context (GPU) or process (CPU).
+    ``expandable=False``: no ``expandable_segments`` figure (a fit search needs the total only)."""
+    r = simulate(plan, micro_batch, expandable=expandable)
     tags = dict(r.peak_tags)
     T = micro_batch * plan.seq
     lora = [prm for prm in plan.params if prm.kind == "lora"]
@@ -393,7 +395,7 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
     elif overhead_bytes is not None:
         terms.append(Term("framework_overhead", overhead_bytes, "measured before the model was built", {"source": overhead_source}))
     est = MemoryEstimate(tuple(terms), peak_phase=r.peak_phase)
-    if plan.device_type == "cuda":
+    if plan.device_type == "cuda" and expandable:
         exp = est.total_bytes - (r.peak_reserved - r.peak_allocated) + (r.peak_reserved_expandable - r.peak_allocated)
         est = MemoryEstimate(est.terms, est.peak_phase, exp)
     return est

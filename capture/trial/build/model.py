@@ -397,8 +397,8 @@ def build_meta(config: TrialConfig) -> tuple[torch.nn.Module, Resolved]:
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(r.hf_config, dtype=weights_dtype(config))
-    if config.method == "lora":
-        model, _ = apply_lora(model, config)
+        if config.method == "lora":  # adapters on meta too: peft's initialisation then costs nothing
+            model, _ = apply_lora(model, config)
     return model, r
 
 
