@@ -145,6 +145,44 @@ def test_config_error_and_bad_flags_are_exit_2_one_line(tmp_path, capsys):
         assert "Traceback" not in err and err.startswith("error: ") and "\nhint: " in err, (argv, err)
 
 
+HOSTILE_SHAPES = {  # [trial.model.config] on the tiny Llama: what the error must name
+    "zero hidden size": ({"hidden_size": 0}, "hidden_size = 0"),
+    "negative layers": ({"num_hidden_layers": -3}, "num_hidden_layers = -3"),
+    "heads that do not divide the hidden size": ({"hidden_size": 65}, "not a multiple"),
+    "key/value heads that do not divide the heads": ({"num_key_value_heads": 3}, "num_key_value_heads = 3"),
+    "a size written as a string": ({"vocab_size": '"320"'}, "vocab_size"),
+    "a fractional size": ({"intermediate_size": 12.5}, "intermediate_size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_SHAPES))
+def test_a_shape_transformers_or_the_estimate_cannot_use_is_exit_2_one_line(case, tmp_path, capsys):
+    """Sizes that would end in a traceback deep in transformers or in the estimate are refused
+    before anything is built, naming the key."""
+    values, named = HOSTILE_SHAPES[case]
+    (tmp_path / "t.toml").write_text('[trial]\nname = "t"\n' + _llama_body(**values))
+    assert main(["estimate", str(tmp_path / "t.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: trial.model") and named in err and "\nhint: " in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 2, err
+
+
+def test_a_million_layers_is_refused_at_once_not_built(tmp_path):
+    """A hostile layer count would take hours to build even on the meta device: refused by the
+    resolved config, from a hand-written shape and from a config.json alike."""
+    (tmp_path / "hand.toml").write_text('[trial]\nname = "t"\n' + _llama_body(num_hidden_layers=10**6))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **TINY, "num_hidden_layers": 10**6}))
+    (tmp_path / "file.toml").write_text('[trial]\nname = "t"\n[trial.model]\nsource = "from_config"\n'
+                                        'config_file = "config.json"\n')
+    (tmp_path / "inf.json").write_text('{"model_type": "llama", "num_hidden_layers": 1e400}')
+    (tmp_path / "inf.toml").write_text('[trial]\nname = "t"\n[trial.model]\nsource = "from_config"\n'
+                                       'config_file = "inf.json"\n')
+    for name, named in (("hand", "more than 1024"), ("file", "more than 1024"), ("inf", "num_hidden_layers")):
+        done = subprocess.run([sys.executable, "-m", "capture", "estimate", str(tmp_path / f"{name}.toml")],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 BF16 = "[trial.precision]\ndtype = \"bf16\"\nautocast = false\n"
 SETTINGS = {  # name: (model keys, [trial.*] tables, method)
     "full-fp32": ("", "[trial.precision]\ndtype = \"fp32\"\nautocast = false\n", "full"),

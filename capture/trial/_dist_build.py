@@ -105,8 +105,6 @@ def _model(config: Any, device: Any) -> tuple[Any, dict[str, Any], Any, Any]:
     attention and checkpointing settings; its weights come from rank 0's CPU copy."""
     if device != META:
         return wl_mod.build_model(config, device)
-    from transformers import AutoModelForCausalLM
-
     from capture.errors import ConfigError
     from capture.trial.build import model as model_mod
 
@@ -117,8 +115,7 @@ def _model(config: Any, device: Any) -> tuple[Any, dict[str, Any], Any, Any]:
                           "use --strategy ddp for QLoRA, or quantization = \"none\"")
     wl_mod.seed_everything(config.seed)
     with torch.device(META):
-        model = AutoModelForCausalLM.from_config(r.hf_config, dtype=model_mod.weights_dtype(config),
-                                                 **model_mod._attn_kwargs(config))
+        model = model_mod.from_config(r.hf_config, dtype=model_mod.weights_dtype(config), **model_mod._attn_kwargs(config))
     if config.training.gradient_checkpointing:
         model_mod.enable_checkpointing(model)
     model.train()

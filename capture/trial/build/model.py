@@ -137,13 +137,17 @@ def _from_hand(config: TrialConfig, base: Any | None) -> Any:
                               "with the model's own config.json (a local folder with weights: source = \"local\")")
         try:
             hf = AutoConfig.for_model(arch, **values)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ConfigError(f"trial.model.config: {redact_text(str(exc).splitlines()[0])}",
-                              "use the keyword names of the transformers config class") from None
+        except Exception as exc:  # the values are the user's: whatever transformers refuses is theirs to fix
+            raise ConfigError(f"trial.model.config: {_first_line(exc)}",
+                              "use the keyword names and value types of the transformers config class") from None
     else:
         hf = base
-        for k, v in values.items():
-            setattr(hf, k, v)
+        try:
+            for k, v in values.items():
+                setattr(hf, k, v)
+        except Exception as exc:
+            raise ConfigError(f"trial.model.config: {_first_line(exc)}",
+                              "use the keyword names of the transformers config class") from None
     known = _known_config_keys(hf)
     for key in values:
         if key not in known and not _consumed(type(hf), key, values[key]):
@@ -184,8 +188,10 @@ def resolve(config: TrialConfig) -> Resolved:
         try:
             data = json.loads(read_regular(file, CONFIG_MAX_BYTES, ConfigError, "model config file").decode("utf-8"))
             hf = _config_from_dict(data, file)
-        except (ValueError, UnicodeDecodeError, TypeError, KeyError) as exc:
-            raise ConfigError(f"trial.model.config_file: {file.name}: {redact_text(str(exc).splitlines()[0])}",
+        except ConfigError:
+            raise
+        except Exception as exc:  # a hostile or broken file: whatever transformers refuses in it
+            raise ConfigError(f"trial.model.config_file: {file.name}: {_first_line(exc)}",
                               "a config.json written by transformers (save_pretrained) or taken from a model repository") from None
         if "quantization_config" in data:
             raise ConfigError(f"trial.model.config_file: {file.name} carries a quantization_config, which needs the "
@@ -208,13 +214,14 @@ def resolve(config: TrialConfig) -> Resolved:
             info["path"] = str(weights)
         try:
             hf = AutoConfig.from_pretrained(str(weights), local_files_only=True)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # the folder's config.json is input like any other
             key = "trial.model.path" if m.source == "local" else "trial.model.repo_id"
-            raise ConfigError(f"{key}: cannot read the model's config ({redact_text(str(exc).splitlines()[0])})",
+            raise ConfigError(f"{key}: cannot read the model's config ({_first_line(exc)})",
                               "the folder needs a config.json written by transformers") from None
         tokenizer = weights if _tokenizer_files(weights) else None
         info["weights"] = "pretrained"
     _check_causal_lm(hf)
+    _check_shape(hf)
     info["architecture"] = hf.model_type  # the name trial.model.architecture takes, whatever the source
     return Resolved(hf, info, weights, tokenizer)
 
@@ -242,6 +249,62 @@ def _check_causal_lm(hf: Any) -> None:
     if type(hf) not in AutoModelForCausalLM._model_mapping:
         raise ConfigError(f"trial.model: {hf.model_type} has no causal-LM class in transformers {_transformers_version()}",
                           "the trial fine-tunes causal language models (AutoModelForCausalLM)")
+
+
+MAX_LAYERS = 1024
+"""More decoder layers than any model people fine-tune (Llama-3.1-405B has 126): a larger
+figure is a typo or a hostile config, and building it, even on the meta device, would take hours."""
+_SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "head_dim")
+
+
+def _check_shape(hf: Any) -> None:
+    """The sizes every estimate and build reads: whole numbers of at least 1, a bounded layer count."""
+    text = hf.get_text_config()
+    for key in _SHAPE_KEYS:
+        value = getattr(text, key, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"trial.model: {key} = {value!r} is not a whole number of at least 1",
+                              "check [trial.model.config] or the config file")
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise ConfigError(f"trial.model: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv}",
+                          "grouped-query attention shares each key/value head among a whole number of query heads")
+    layers = getattr(text, "num_hidden_layers", None)
+    if layers is not None and layers > MAX_LAYERS:
+        raise ConfigError(f"trial.model: num_hidden_layers = {layers} is more than {MAX_LAYERS}",
+                          "check [trial.model.config] or the config file (Llama-3.1-405B has 126 layers)")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's message on one line: its first line, with the next one where the first only
+    introduces it (transformers' validators: "Class validation error for validator 'x':")."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return redact_text(text)[:300]
+
+
+def from_config(hf_config: Any, **kwargs: Any) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config`` under the default device: what transformers refuses in
+    the config is a config error (exit 2); running out of memory, or a device error, stays what it is."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(hf_config, **kwargs)
+    except Exception as exc:
+        if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+                isinstance(exc, RuntimeError) and torch.get_default_device().type != "meta"):
+            raise
+        text = str(exc).lower()
+        if kwargs.get("attn_implementation") and any(w in text for w in ("attn", "attention", "flash")):
+            raise _attn_error(exc) from None
+        raise ConfigError(f"trial.model: transformers cannot build {hf_config.model_type} from this config "
+                          f"({type(exc).__name__}: {_first_line(exc)})",
+                          "check the sizes in [trial.model.config] or the config file (heads must divide the hidden size)") from None
 
 
 # --------------------------------------------------------------------------- building
@@ -286,7 +349,7 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
     try:
         if m.source == "from_config":
             with torch.device(device):  # built on the device directly: a 1B model on the CPU first takes ~10 s
-                model = AutoModelForCausalLM.from_config(r.hf_config, dtype=dtype if m.quantization == "none" else compute, **kwargs)
+                model = from_config(r.hf_config, dtype=dtype if m.quantization == "none" else compute, **kwargs)
             if m.quantization != "none":
                 quantize_linears(model, m.quantization, compute, device)
                 _cast_unquantized(model, dtype)
@@ -391,12 +454,10 @@ def build_meta(config: TrialConfig) -> tuple[torch.nn.Module, Resolved]:
     """The model on the meta device (no memory, no weights) with LoRA applied, for the estimate.
     Quantization is not applied here: :func:`param_plan` accounts for it by the same rule
     :func:`quantize_linears` and transformers follow."""
-    from transformers import AutoModelForCausalLM
-
     r = resolve(config)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(r.hf_config, dtype=weights_dtype(config))
+        model = from_config(r.hf_config, dtype=weights_dtype(config))
         if config.method == "lora":  # adapters on meta too: peft's initialisation then costs nothing
             model, _ = apply_lora(model, config)
     return model, r
