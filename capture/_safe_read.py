@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 
 from capture.errors import CaptureError, ManifestError
 
@@ -122,3 +123,25 @@ def read_prefix(path: str | os.PathLike[str], limit_bytes: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def read_overlays(user_file: Path, named: str | os.PathLike[str] | None, what: str) -> list[tuple[str, str]]:
+    """``(path, text)`` of each file laid over a shipped data file: the user's file in the config
+    folder where there is one, then ``named`` (the ``--catalog`` file, which must be a file). Each
+    is read as a config: a regular file of at most :data:`CONFIG_MAX_BYTES`, UTF-8; anything else
+    is a :class:`ConfigError` (exit 2)."""
+    from capture.errors import ConfigError
+
+    layers = [(user_file, False)] + ([(Path(named), True)] if named is not None else [])
+    out: list[tuple[str, str]] = []
+    for p, required in layers:
+        if not p.is_file():
+            if required:
+                raise ConfigError(f"--catalog: {p} is not a file", f"name the {what} to lay over the shipped one")
+            continue
+        try:
+            text = read_regular(p, CONFIG_MAX_BYTES, ConfigError, what).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
+        out.append((str(p), text))
+    return out

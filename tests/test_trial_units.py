@@ -253,6 +253,35 @@ def test_missing_catalog_file_is_a_usage_error(tmp_path):
         load_catalog(tmp_path / "nope.toml")
 
 
+@pytest.mark.parametrize("loader", ["accelerators", "preflight"])
+def test_a_catalog_file_is_read_as_hostile_input(tmp_path, monkeypatch, loader):
+    """Both catalogs (the trial's accelerators.toml, preflight's SKUs) read their overlays the same
+    way: a file over the config limit, a FIFO, bytes that are not UTF-8 are one ConfigError each,
+    never a hang or a whole huge file in memory; the user's own file takes the same road."""
+    from capture._safe_read import CONFIG_MAX_BYTES
+    from capture.preflight import catalog as preflight_catalog
+
+    load = load_catalog if loader == "accelerators" else preflight_catalog.load_catalog
+    huge = tmp_path / "huge.toml"
+    with open(huge, "wb") as f:
+        f.truncate(CONFIG_MAX_BYTES + 1)  # sparse: nothing of it is on the disk
+    with pytest.raises(ConfigError, match="over the"):
+        load(huge)
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load(fifo)  # opened for reading, a FIFO without a writer would block forever
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(latin)
+    user = tmp_path / "cfg" / "capture" / f"{loader}.toml"
+    user.parent.mkdir(parents=True)
+    os.link(huge, user)
+    with pytest.raises(ConfigError, match="over the"):
+        load()
+
+
 def test_cards_fit_with_headroom_on_the_h200_llama_measurement():
     used = PROBE["llama_1b"]["nvml_used"]  # 51.8 GB on the H200, device total
     cards = {c["name"]: c for c in cards_fit(used, 0.10, load_catalog(), load_catalog().get("H200 141GB"), "nvml")}

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
 
@@ -143,20 +144,11 @@ def load_catalog(path: str | Path | None = None) -> PreflightCatalog:
     shipped = (resources.files("capture") / "data" / "preflight.toml").read_text(encoding="utf-8")
     skus, defaults = parse_catalog(shipped, SHIPPED)
     sources = [SHIPPED]
-    layers = [user_catalog_path()] + ([Path(path)] if path is not None else [])
-    for p in layers:
-        if not p.is_file():
-            if path is not None and p == Path(path):
-                raise ConfigError(f"--catalog: {p} is not a file", "name a preflight.toml file")
-            continue
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
-        mine, defaults = parse_catalog(text, str(p), defaults)
+    for p, text in read_overlays(user_catalog_path(), path, "preflight.toml"):
+        mine, defaults = parse_catalog(text, p, defaults)
         names = {s.name for s in mine}
         skus = mine + [s for s in skus if s.name not in names]
-        sources.append(str(p))
+        sources.append(p)
     return PreflightCatalog(tuple(skus), tuple(sources))
 
 

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
+from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
 
@@ -140,24 +141,12 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     currency = header or "USD"
     by_name: dict[str, Card] = {c.name: c for c in cards}
     sources = ["capture/data/accelerators.toml"]
-    layers = [user_catalog_path()]
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"--catalog: {p} is not a file", "name an accelerators.toml file")
-        layers.append(p)
-    for p in layers:
-        if not p.is_file():
-            continue
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
-        cards, header = _parse_catalog(text, str(p), currency)
+    for p, text in read_overlays(user_catalog_path(), path, "accelerators.toml"):
+        cards, header = _parse_catalog(text, p, currency)
         for card in cards:
             by_name[card.name] = card
         currency = header or currency
-        sources.append(str(p))
+        sources.append(p)
     return Catalog(tuple(by_name.values()), tuple(sources), currency)
 
 
