@@ -102,9 +102,39 @@ def test_stage_context_holds_exactly_what_the_dockerfile_copies(tmp_path, monkey
     # Every staged file is dated 1980-01-01 (the default epoch), not now.
     assert {p.stat().st_mtime for p in ctx.rglob("*")} == {315532800}
     with zipfile.ZipFile(wheel) as z:
-        assert "capture/image/locks/cpu.txt" in z.namelist()
+        names = set(z.namelist())
+    # The image installs this wheel: every file of the package git tracks is in it (the examples'
+    # config.json included: `capture estimate --example llama-3.1-8b-lora` reads it)
+    tracked = subprocess.run(["git", "ls-files", "-z", "capture"], cwd=ROOT, capture_output=True, check=True).stdout
+    assert sorted(set(tracked.decode().strip("\0").split("\0")) - names) == []
     # The same source gives the same wheel bytes, so Docker's layer cache holds across builds.
     assert build.build_capture_wheel(ROOT, tmp_path / "again")[1] == sha
+
+
+@pytest.mark.parametrize("checkout", [True, False])
+def test_the_wheel_is_built_from_the_source_alone_never_from_a_stale_build_folder(tmp_path, checkout):
+    """setuptools builds in the tree it is given: a build/ or egg-info left by an earlier build (of
+    files since removed) must not reach the image's wheel, from a git checkout or a plain folder."""
+    root = tmp_path / "proj"
+    (root / "capture").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+                                         '[project]\nname = "capture-stack"\nversion = "0.0.1"\n'
+                                         '[tool.setuptools.packages.find]\ninclude = ["capture*"]\n')
+    (root / "capture" / "__init__.py").write_text("")
+    (root / "capture" / "kept.py").write_text("X = 1\n")
+    if checkout:
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+        (root / ".gitignore").write_text("/build/\n*.egg-info/\n")
+    stale = root / "build" / "lib" / "capture" / "removed_long_ago.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("SECRET = 'left over'\n")
+    (root / "capture_stack.egg-info").mkdir()
+    (root / "capture_stack.egg-info" / "SOURCES.txt").write_text("capture/removed_long_ago.py\n")
+    wheel, _ = build.build_capture_wheel(root, tmp_path / "dist")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    assert "capture/kept.py" in names and not any("removed_long_ago" in n for n in names), names
+    assert not (root / "build" / "bdist.linux-x86_64").exists()  # nothing was built in the checkout
 
 
 def test_unknown_flavour_and_bad_base_are_usage_errors(capsys):

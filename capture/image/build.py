@@ -171,14 +171,38 @@ def wheel_glob() -> str:
     return DISTRIBUTION.replace("-", "_") + "-*.whl"
 
 
+_NOT_SOURCE = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache"}
+
+
+def _source_files(root: Path) -> list[str]:
+    """The checkout's files as its user sees them: tracked and untracked-but-not-ignored (git), or
+    every file outside build outputs, caches and virtual environments where ``root`` is no checkout."""
+    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                          capture_output=True)
+    if proc.returncode == 0:
+        return [f for f in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if f and (root / f).is_file()]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _NOT_SOURCE and not d.endswith(".egg-info")]
+        out += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames]
+    return out
+
+
 def build_capture_wheel(root: Path, dest: Path, python: str = sys.executable) -> tuple[Path, str]:
-    """A wheel of this checkout (no dependencies: those are locked) and its sha256."""
+    """A wheel of this checkout (no dependencies: those are locked) and its sha256. Built from a
+    copy of the source files alone: setuptools builds in the tree it is given, and a ``build/``
+    or ``*.egg-info`` left in the checkout would carry stale files into the wheel."""
     dest.mkdir(parents=True, exist_ok=True)
     # A fixed timestamp makes the wheel's bytes depend on the source alone, so an unchanged
     # checkout hits Docker's layer cache.
     env = {**locks.environ_without_pip_target(), "SOURCE_DATE_EPOCH": "315532800"}
-    proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--wheel-dir", str(dest), str(root)], capture_output=True, text=True, env=env)
+    with tempfile.TemporaryDirectory(prefix="capture-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        for rel in _source_files(root):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / rel, src / rel)
+        proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                               "--wheel-dir", str(dest), str(src)], capture_output=True, text=True, env=env)
     wheels = sorted(dest.glob(wheel_glob()))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr.strip().splitlines() or ["no wheel produced"])[-1]
