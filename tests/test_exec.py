@@ -126,10 +126,14 @@ def test_every_catchable_signal_reaches_the_command_and_capture_records_it(tmp_p
 
 
 def test_a_signal_the_command_handles_is_delivered_and_capture_waits(tmp_path):
-    got = tmp_path / "got"
+    got, armed = tmp_path / "got", tmp_path / "armed"
     code = (f"import signal, sys; signal.signal(signal.SIGUSR1, lambda *a: (pathlib.Path({str(got)!r}).write_text('usr1'), "
-            "sys.exit(0))); time.sleep(60)")
+            f"sys.exit(0))); pathlib.Path({str(armed)!r}).write_text('1'); time.sleep(60)")
     proc, _pid = _start(tmp_path, code)
+    deadline = time.monotonic() + 60  # the handler is installed after `ready`: a signal before it would end the child
+    while not armed.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
     proc.send_signal(signal.SIGUSR1)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and got.read_text() == "usr1", err
