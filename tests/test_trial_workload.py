@@ -132,6 +132,20 @@ def test_unknown_model_config_field_is_named():
         build_workload(cfg(SMALL_GPT2.replace("n_layer = 1", "n_layer = 1\nn_layers = 2")), CPU)
 
 
+def test_a_sequence_longer_than_the_position_table_is_a_config_error(tmp_path, capsys):
+    """GPT-2 learns 32 positions here: 64 tokens would index past the table in the first forward
+    (an IndexError from torch.embedding); the build and the estimate refuse it first."""
+    text = SMALL_GPT2.replace("max_seq_len = 32", "max_seq_len = 64")
+    with pytest.raises(ConfigError, match=r"max_seq_len: 64 is longer than the 32 positions .*transformer\.wpe"):
+        build_workload(cfg(text), CPU)
+    from capture._cli import main
+
+    (tmp_path / "long.toml").write_text(text)
+    assert main(["estimate", str(tmp_path / "long.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: trial.batch.max_seq_len: 64") and "\nhint: set max_seq_len <= 32" in err
+
+
 def test_synthetic_llama_with_sgd_and_bf16_autocast():
     text = """
 [trial]

@@ -116,6 +116,7 @@ def _model(config: Any, device: Any) -> tuple[Any, dict[str, Any], Any, Any]:
     wl_mod.seed_everything(config.seed)
     with torch.device(META):
         model = model_mod.from_config(r.hf_config, dtype=model_mod.weights_dtype(config), **model_mod._attn_kwargs(config))
+    model_mod.check_positions(model, config)
     if config.training.gradient_checkpointing:
         model_mod.enable_checkpointing(model)
     model.train()

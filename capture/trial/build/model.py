@@ -188,10 +188,28 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
     elif m.quantization != "none":
         info["quantization_source"] = ("trial.model.quantization (bitsandbytes, at load)" if m.source != "from_config"
                                        else "trial.model.quantization (bitsandbytes: linear layers replaced, quantized on the device)")
+    check_positions(model, config)
     if config.training.gradient_checkpointing:
         enable_checkpointing(model)
     info["tokenizer_dir"] = str(r.tokenizer_dir) if r.tokenizer_dir else None
     return model, info, r.tokenizer_dir
+
+
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+"""The names transformers gives learned absolute position embeddings (GPT-2 and its kin, OPT, ...)."""
+
+
+def check_positions(model: Any, config: TrialConfig) -> None:
+    """A learned position table has a fixed number of rows: a longer sequence would index past it
+    (an IndexError deep in the first forward). Rotary and ALiBi models have no table."""
+    seq = config.batch.max_seq_len
+    for name, mod in model.named_modules():
+        if name.rsplit(".", 1)[-1] in _POSITION_TABLES and isinstance(mod, torch.nn.Embedding):
+            rows = mod.num_embeddings - int(getattr(mod, "offset", 0) or 0)  # OPT keeps 2 rows before position 0
+            if seq > rows:
+                raise ConfigError(f"trial.batch.max_seq_len: {seq} is longer than the {rows} positions the model embeds "
+                                  f"({name})", f"set max_seq_len <= {rows}, or give the model more positions "
+                                  "(n_positions / max_position_embeddings)")
 
 
 def enable_checkpointing(model: Any) -> None:
@@ -256,6 +274,7 @@ def build_meta(config: TrialConfig) -> tuple[torch.nn.Module, Resolved]:
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = from_config(r.hf_config, dtype=weights_dtype(config))
+        check_positions(model, config)
         if config.method == "lora":  # adapters on meta too: peft's initialisation then costs nothing
             model, _ = apply_lora(model, config)
     return model, r
