@@ -65,6 +65,13 @@ BROKEN = [
     ("[trial.optimizer]\nmomentum = 0.9\n", r"trial\.optimizer\.momentum: only used with name = \"sgd\""),
     ("[trial.optimizer]\nfused = \"yes\"\n", r"trial\.optimizer\.fused"),
     ("[trial.optimizer]\nweight_decay = -0.1\n", r"trial\.optimizer\.weight_decay: must be >= 0"),
+    # TOML writes inf and nan; a learning rate of inf passed "> 0" and trained to a NaN loss
+    ("[trial.optimizer]\nlr = inf\n", r"trial\.optimizer\.lr: must be a finite number, got inf"),
+    ("[trial.optimizer]\nweight_decay = nan\n", r"trial\.optimizer\.weight_decay: must be a finite number, got nan"),
+    ("[trial.optimizer]\neps = +inf\n", r"trial\.optimizer\.eps: must be a finite number, got inf"),
+    ("[trial.lora]\nalpha = inf\n", r"trial\.lora\.alpha: must be a finite number, got inf"),
+    ("[trial.lora]\ndropout = nan\n", r"trial\.lora\.dropout: must be a finite number, got nan"),
+    ("[trial.data]\nvalidation_fraction = -inf\n", r"trial\.data\.validation_fraction: must be a finite number, got -inf"),
     ("[trial.batch]\nmicro_batch_size = 0\n", r"trial\.batch\.micro_batch_size: must be >= 1, got 0"),
     ("[trial.batch]\nmicro_batch_size = \"8\"\n", r"trial\.batch\.micro_batch_size: must be an integer, got a string"),
     ("[trial.batch]\nmax_seq_len = 1.5\n", r"trial\.batch\.max_seq_len: must be an integer, got a number"),

@@ -67,8 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--expandable-segments", action="store_true",
                    help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (added to what is set)")
     g = p.add_argument_group("cost")
-    g.add_argument("--price-per-hour", type=float, metavar="P", help="price of the device per hour (default: the catalog's, if any)")
     from capture.costs import parse_positive, parse_tokens
+
+    g.add_argument("--price-per-hour", type=parse_positive, metavar="P",
+                   help="price of the device per hour (default: the catalog's, if any)")
 
     t = g.add_mutually_exclusive_group()
     t.add_argument("--target-tokens", type=parse_tokens, metavar="N",
@@ -167,9 +169,6 @@ def _trial(args: argparse.Namespace) -> int:
     for flag, value in (("--max-batch", args.max_batch), ("--target-tokens", args.target_tokens)):
         if value is not None and value < 1:
             raise UsageError(f"{flag}: must be >= 1, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
-    for flag, value in (("--price-per-hour", args.price_per_hour), ("--target-epochs", args.target_epochs)):
-        if value is not None and not value > 0:
-            raise UsageError(f"{flag}: must be > 0, got {value:g}")
     if args.output:
         from capture._atomic import check_target
 

@@ -9,6 +9,7 @@ known keys stay as written (redacting the whole message would mangle them).
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 from capture.errors import ConfigError
@@ -83,6 +84,8 @@ class Table:
         if not ok:
             want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
             raise self.err(name, f"must be {want}, got {type_name(value)} {shown(value)}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML writes inf and nan; no setting means them
+            raise self.err(name, f"must be a finite number, got {value}")
         return value
 
     def int(self, name: str, default: int, minimum: int | None = None) -> int:
