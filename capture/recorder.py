@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from capture.trial.devmem import DeviceMemory, MemoryReading
-from capture.trial.measure import StepClock, StepStats, flops_per_token, make_clock, mfu, summarize
+from capture.trial.measure import StepClock, StepStats, first_nonfinite, flops_per_token, make_clock, mfu, summarize
 
 T = TypeVar("T")
 SYNCED_TIMING = "host wall clock, the device synchronized before and after"
@@ -135,6 +135,11 @@ class RecorderResult:
         out = self.stats.to_manifest()
         out["clock"] = self.clock
         out.update(self.throughput)
+        if self.loss:  # a NaN or infinite loss: the steps ran, but not as a run anyone would book
+            bad = first_nonfinite(self.loss)
+            out["loss_finite"] = bad is None
+            if bad is not None:
+                out["loss_first_nonfinite_step"] = bad
         return out
 
     def steps_table(self) -> dict[str, Any]:

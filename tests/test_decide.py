@@ -144,6 +144,33 @@ def test_groups_rank_and_leave_out_with_reasons(corpus):
     assert [c.label for c in by_time] == ["H200 141GB x2 ddp", "H200 141GB x2 fsdp", "H200 141GB x1 single", cpu_label]
 
 
+def test_a_run_whose_loss_went_nan_is_listed_never_ranked(tiny_body, tmp_path):
+    """A NaN loss (lr too high, fp16 overflow) still gives tokens/s, the fastest of all here: it
+    is shown with the step it went wrong, and ranked nowhere. Older manifests have only the
+    losses (NaN written as the string "nan"): the same."""
+    (tmp_path / "keys").mkdir()
+    alice = Signer(tmp_path / "keys", "alice@lab")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "allowed_signers").write_text(alice.allowed_line)
+    good = copy.deepcopy(tiny_body)
+    _reprice(good, 2.0)
+    nan_new, nan_old = copy.deepcopy(good), copy.deepcopy(good)
+    for m in (nan_new, nan_old):
+        m["trial"]["steps"]["loss"] = [3.1] + ["nan"] * (len(m["trial"]["steps"]["loss"]) - 1)
+        m["trial"]["stats"]["tokens_per_s"] *= 100
+    nan_new["trial"]["stats"].update(loss_finite=False, loss_first_nonfinite_step=2)
+    for name, body in (("good", good), ("nan-new", nan_new), ("nan-old", nan_old)):
+        alice.write(tmp_path / "runs" / f"{name}.toml", body)
+    (group,) = _decide(tmp_path / "runs")[0]
+    by = {Path(c.run.path).stem: c for c in group.configs}
+    assert [Path(c.run.path).stem for c in group.ranked] == ["good"] and by["good"].rank_cost == 1
+    for name in ("nan-new", "nan-old"):
+        c = by[name]
+        assert c.rank_cost is None and c.rank_time is None and c.loss_nonfinite_step == 2
+        assert "not ranked: the loss is not finite from measured step 2" in c.notes
+        assert c.to_json()["loss_nonfinite_step"] == 2
+
+
 def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):
     folder, paths, bodies = corpus
     groups, _ = _decide(folder)

@@ -297,6 +297,22 @@ def test_broken_config_file_names_the_key_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "m.toml").exists() and not list(tmp_path.glob(".capture-trial-*"))
 
 
+def test_a_loss_that_goes_nan_is_a_result_said_everywhere(tmp_path, capsys):
+    """lr = 1e30 is a finite number and trains to a NaN loss: the trial still runs (tokens/s are
+    real), and the stderr line, [trial.stats] and the report's verdict panel all say from which
+    measured step the loss was not finite."""
+    cfg = _small(tmp_path, SMALL + "[trial.optimizer]\nlr = 1e30\n")
+    out = tmp_path / "nan.toml"
+    assert main(["trial", str(cfg), "-o", str(out), "--steps", "3", "--no-recovery", "--no-report"]) == 0
+    err = capsys.readouterr().err
+    stats = _verified(out, tmp_path)["trial"]["stats"]
+    assert stats["loss_finite"] is False and stats["loss_first_nonfinite_step"] >= 1
+    assert f"the loss is not finite from measured step {stats['loss_first_nonfinite_step']}" in err
+    assert main(["show", str(out), "--allowed-signers", str(tmp_path / "cfg" / "capture" / "allowed_signers")]) == 0
+    shown = capsys.readouterr().out
+    assert f"NOT FINITE from measured step {stats['loss_first_nonfinite_step']}" in shown
+
+
 def test_list_examples_and_default_output_name(tmp_path, capsys):
     assert main(["trial", "--list-examples"]) == 0
     assert capsys.readouterr().out.split() == example_names() == ["llama-1b", "llama-3.1-8b-full", "llama-3.1-8b-lora",

@@ -22,6 +22,7 @@ from capture.errors import UsageError
 from capture.results.compare import significant
 from capture.results.summary import dig
 from capture.trial.fit import Catalog
+from capture.trial.measure import first_nonfinite
 from capture.trial.report.checks import HIGH_CV
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class Config:
     rank_cost: int | None = None
     rank_time: int | None = None
     within_noise_of_best: bool | None = None
+    loss_nonfinite_step: int | None = None
+    """The first measured step whose loss was NaN or infinite: such a run is listed, never ranked."""
 
     @property
     def label(self) -> str:
@@ -161,6 +164,9 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     target = target_for(run, target_tokens, target_epochs)
     mem_dev = _num(dig(d, "accelerator.memory_per_device_bytes")) or _num(dig(d, "trial.memory.measured.device_total_bytes"))
     preflight = dig(d, "preflight.verdict")
+    diverged = dig(d, "trial.stats.loss_first_nonfinite_step")
+    if not isinstance(diverged, int) or isinstance(diverged, bool):
+        diverged = first_nonfinite(dig(d, "trial.steps.loss"))  # manifests from before the field
     out: list[Config] = []
 
     def make(strategy: str, count: int, tps: float | None, median: float | None, cv: float | None,
@@ -184,8 +190,10 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
             notes.append(f"not ranked: the command {run.command.status}")
         if tps is None:
             notes.append("not ranked: no measured tokens/s")
+        if diverged is not None:
+            notes.append(f"not ranked: the loss is not finite from measured step {diverged}")
         return Config(run, card, count, strategy, tps, median, cv, eff, peak, mem_dev, recovery,
-                      str(preflight) if preflight else None, figs, tuple(notes))
+                      str(preflight) if preflight else None, figs, tuple(notes), loss_nonfinite_step=diverged)
 
     stats = dig(d, "trial.stats") or {}
     if not isinstance(stats, Mapping):
@@ -254,7 +262,8 @@ def _rank(configs: list[Config]) -> list[Config]:
     time to the target. Only trusted configurations with measured tokens/s are ranked."""
     from dataclasses import replace
 
-    ok = [c for c in configs if c.trusted and c.tokens_per_s and not (c.run.command and c.run.command.failed)]
+    ok = [c for c in configs if c.trusted and c.tokens_per_s and not (c.run.command and c.run.command.failed)
+          and c.loss_nonfinite_step is None]
     by_cost = sorted((c for c in ok if c.cost_to_target is not None),
                      key=lambda c: (c.cost_to_target, c.time_to_target_s or 0))
     by_time = sorted((c for c in ok if c.time_to_target_s is not None), key=lambda c: c.time_to_target_s or 0.0)

@@ -157,3 +157,20 @@ def flops_per_token(params_total: int, params_trainable: int) -> tuple[float, st
 def mfu(tokens_per_s: float, params_total: int, params_trainable: int, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the device's peak."""
     return tokens_per_s * flops_per_token(params_total, params_trainable)[0] / peak_flops
+
+
+def first_nonfinite(values: Any) -> int | None:
+    """The 1-based position of the first value that is not a finite number (a NaN or infinite
+    loss), or None. Manifests write NaN and infinity as the strings ``"nan"``, ``"inf"``: those count."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    for i, v in enumerate(values):
+        if isinstance(v, bool):
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if not math.isfinite(f):
+            return i + 1
+    return None

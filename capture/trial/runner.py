@@ -276,6 +276,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             if oom is None:
                 measured.token_accounting(trial, step_tokens, w)
                 measured.attention_mfu(trial["stats"], plan, config)
+                if trial["stats"].get("loss_finite") is False:
+                    say(f"the loss is not finite from measured step {trial['stats']['loss_first_nonfinite_step']}: "
+                        "these steps are not a run to book on (check lr, precision and the data)")
 
             if oom is None:
                 with timer.phase("validation"):

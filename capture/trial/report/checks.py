@@ -178,6 +178,8 @@ def verdict_panel(m: Mapping[str, Any], signature: str | None = None, cost: Any 
     add("tokens/s", (f"{number_str(tps)} tok/s" if _is_num(tps) else NOT_MEASURED)
         + (f" (step CV {percent_str(cv, 2)}{', HIGH' if cv > HIGH_CV else ''})" if _is_num(cv) else ""),
         "warn" if _is_num(cv) and cv > HIGH_CV else "" if _is_num(tps) else "none")
+    if stats.get("loss_finite") is False:
+        add("loss", f"NOT FINITE from measured step {stats.get('loss_first_nonfinite_step', '?')}", "warn")
     mfu = stats.get("mfu")
     add("MFU", percent_str(mfu) if _is_num(mfu) else str(stats.get("mfu_note") or NOT_MEASURED), "" if _is_num(mfu) else "none")
     if _table(m, "trial.cost"):
