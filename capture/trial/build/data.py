@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -312,7 +313,8 @@ def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: st
 
 
 class _Tokens:
-    """ids and labels of every record, and what the tokenizer was."""
+    """ids and labels of every record. Where a record's labels are its ids, ``labels[i] is ids[i]``
+    (one list, never mutated): a large data set is held once, not twice."""
 
     def __init__(self) -> None:
         self.ids: list[list[int]] = []
@@ -376,7 +378,7 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
         for doc in records:
             ids = list(doc.encode("utf-8"))
             out.ids.append(ids)
-            out.labels.append(list(ids))
+            out.labels.append(ids)  # the same list: labels equal to ids cost no memory twice (never mutated)
         info["tokenizer"] = "bytes (UTF-8 bytes 0-255, end-of-text 256)"
         return out, BYTE_EOT, BYTE_EOT
     tok = _load_tokenizer(tokenizer_dir)
@@ -385,7 +387,7 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
             ids, labels = _chat(tok, rec, d.assistant_only_loss)
         else:
             ids = _ids(tok(rec, add_special_tokens=False))
-            labels = list(ids)
+            labels = ids
         out.ids.append(ids)
         out.labels.append(labels)
     top = max((max(ids) for ids in out.ids if ids), default=0)
@@ -416,22 +418,34 @@ def _split(n: int, fraction: float, key: str) -> int:
     return n_val
 
 
-def _packed(tokens: _Tokens, eot: int | None, seq: int, fraction: float, info: dict[str, Any]) -> DataSet:
-    ids: list[int] = []
-    labels: list[int] = []
-    for a, b in zip(tokens.ids, tokens.labels):
-        ids.extend(a)
-        labels.extend(b)
+def _joined(seqs: Sequence[Sequence[int]], eot: int | None) -> torch.Tensor:
+    """The sequences end to end (``eot`` after each) as one int64 tensor, built in a packed buffer
+    (8 bytes a token) rather than a list of Python ints."""
+    buf = array("q")
+    for a in seqs:
+        buf.extend(a)
         if eot is not None:
-            ids.append(eot)
-            labels.append(eot)
-    flat = torch.tensor(ids, dtype=torch.long)
+            buf.append(eot)
+    return torch.frombuffer(buf, dtype=torch.int64).clone() if buf else torch.zeros(0, dtype=torch.long)
+
+
+def _digest(seqs: Sequence[Sequence[int]]) -> str:
+    """sha256 of the sequences end to end as int64 (the bytes of :func:`_joined` without ``eot``)."""
+    h = hashlib.sha256()
+    for a in seqs:
+        h.update(array("q", a).tobytes())
+    return h.hexdigest()
+
+
+def _packed(tokens: _Tokens, eot: int | None, seq: int, fraction: float, info: dict[str, Any]) -> DataSet:
+    flat = _joined(tokens.ids, eot)
     n_blocks = flat.numel() // seq
     if n_blocks < 2:
         raise ConfigError(f"trial.batch.max_seq_len: the data holds {flat.numel()} tokens, fewer than 2 sequences of {seq}",
                           "lower max_seq_len or give more data")
     blocks = flat[: n_blocks * seq].view(n_blocks, seq)
-    lab = torch.tensor(labels, dtype=torch.long)[: n_blocks * seq].view(n_blocks, seq)
+    same = all(b is a for a, b in zip(tokens.ids, tokens.labels))
+    lab = blocks if same else _joined(tokens.labels, eot)[: n_blocks * seq].view(n_blocks, seq)
     has_labels = not torch.equal(lab, blocks)
     n_val = _split(n_blocks, fraction, "trial.data.validation_fraction")
     info.update(packing=f"packed into sequences of exactly {seq} tokens", tokens_total=int(flat.numel()),
@@ -448,8 +462,9 @@ def _packed(tokens: _Tokens, eot: int | None, seq: int, fraction: float, info: d
 
 def _padded(tokens: _Tokens, pad: int, eot: int | None, config: TrialConfig, info: dict[str, Any]) -> DataSet:
     seq = config.batch.max_seq_len
-    ids = [(a + ([eot] if eot is not None else []))[:seq] for a in tokens.ids]
-    labels = [(b + ([eot] if eot is not None else []))[:seq] for b in tokens.labels]
+    tail = [eot] if eot is not None else []
+    ids = [(a + tail)[:seq] for a in tokens.ids]
+    labels = [ids[i] if b is a else (b + tail)[:seq] for i, (a, b) in enumerate(zip(tokens.ids, tokens.labels))]
     keep = [i for i, a in enumerate(ids) if len(a) >= 2]
     ids, labels = [ids[i] for i in keep], [labels[i] for i in keep]
     if len(ids) < 2:
@@ -460,17 +475,16 @@ def _padded(tokens: _Tokens, pad: int, eot: int | None, config: TrialConfig, inf
     mb = config.batch.micro_batch_size
     measured = (config.warmup_steps + config.measured_steps) * mb * config.batch.grad_accum
     first = lengths[:measured]
-    flat = [t for a in ids for t in a]
+    total = sum(len(a) for a in ids)
     info.update(packing=f"one document a sequence (cut at {seq} tokens), each batch padded to its longest sequence",
-                pad_id=pad, tokens_total=len(flat),
-                tokens_sha256=hashlib.sha256(torch.tensor(flat, dtype=torch.long).numpy().tobytes()).hexdigest(),
+                pad_id=pad, tokens_total=total, tokens_sha256=_digest(ids),
                 train_sequences=len(train_ids), val_sequences=n_val, train_tokens=sum(len(a) for a in train_ids),
                 truncated_sequences=sum(1 for a in tokens.ids if len(a) + (eot is not None) > seq),
                 longest_sequence=lengths[0], median_sequence=lengths[len(lengths) // 2],
                 measured_on=(f"the longest sequences of the data first: the warm-up and measured steps take the "
                              f"{len(first)} longest ({first[0]} down to {first[-1]} tokens) of {len(lengths)}"))
-    loss_tokens = sum(1 for b in labels for t in b if t != IGNORE)
-    info["loss_tokens_share"] = loss_tokens / max(1, len(flat))
+    loss_tokens = sum(len(b) if b is a else sum(1 for t in b if t != IGNORE) for a, b in zip(ids, labels))
+    info["loss_tokens_share"] = loss_tokens / max(1, total)
     train = PaddedSequences(train_ids, labels[: len(ids) - n_val], pad)
     val = PaddedSequences(val_ids, labels[len(ids) - n_val:], pad) if n_val else None
     return DataSet(train, val, True, info)
