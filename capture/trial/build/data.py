@@ -149,7 +149,7 @@ class SyntheticTokens(SequenceSource):
 class PaddedSequences(SequenceSource):
     """One sequence per document, each batch right-padded to its longest sequence."""
 
-    def __init__(self, ids: list[list[int]], labels: list[list[int]], pad_id: int) -> None:
+    def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], pad_id: int) -> None:
         self.ids, self.labels, self.pad_id = ids, labels, pad_id
 
     def __len__(self) -> int:
@@ -313,12 +313,13 @@ def resolve_snapshot(repo_id: str, revision: str | None, repo_type: str, key: st
 
 
 class _Tokens:
-    """ids and labels of every record. Where a record's labels are its ids, ``labels[i] is ids[i]``
-    (one list, never mutated): a large data set is held once, not twice."""
+    """ids and labels of every record, each an int64 ``array`` (8 bytes a token). Where a record's
+    labels are its ids, ``labels[i] is ids[i]`` (one array, never mutated): a large data set is
+    held once, not twice."""
 
     def __init__(self) -> None:
-        self.ids: list[list[int]] = []
-        self.labels: list[list[int]] = []
+        self.ids: list[array[int]] = []
+        self.labels: list[array[int]] = []
 
 
 def _load_tokenizer(tokenizer_dir: Path | None) -> Any:
@@ -347,7 +348,7 @@ def _chat(tok: Any, messages: list[dict[str, str]], assistant_only: bool) -> tup
                           "use the model's tokenizer with its chat_template, or format = \"text\"")
     ids = _ids(tok.apply_chat_template(messages, tokenize=True))
     if not assistant_only:
-        return ids, list(ids)
+        return ids, ids
     if _GENERATION_TAG.search(tok.chat_template or ""):
         out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         mask = list(out["assistant_masks"])
@@ -376,9 +377,9 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
             raise ConfigError(f"trial.data.tokenizer: byte-level ids need a vocabulary of at least 257, the model has {vocab_size}",
                               'set vocab_size >= 257 in [trial.model.config] or use tokenizer = "model"')
         for doc in records:
-            ids = list(doc.encode("utf-8"))
+            ids = array("q", array("B", doc.encode("utf-8")))
             out.ids.append(ids)
-            out.labels.append(ids)  # the same list: labels equal to ids cost no memory twice (never mutated)
+            out.labels.append(ids)  # the same array: labels equal to ids cost no memory twice (never mutated)
         info["tokenizer"] = "bytes (UTF-8 bytes 0-255, end-of-text 256)"
         return out, BYTE_EOT, BYTE_EOT
     tok = _load_tokenizer(tokenizer_dir)
@@ -388,8 +389,9 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
         else:
             ids = _ids(tok(rec, add_special_tokens=False))
             labels = ids
-        out.ids.append(ids)
-        out.labels.append(labels)
+        packed = array("q", ids)  # 8 bytes a token, not a Python int and its pointer
+        out.ids.append(packed)
+        out.labels.append(packed if labels is ids else array("q", labels))
     top = max((max(ids) for ids in out.ids if ids), default=0)
     if top >= vocab_size:
         raise ConfigError(f"trial.data.tokenizer: the tokenizer yields id {top}, beyond the model's vocabulary ({vocab_size})",
@@ -462,7 +464,7 @@ def _packed(tokens: _Tokens, eot: int | None, seq: int, fraction: float, info: d
 
 def _padded(tokens: _Tokens, pad: int, eot: int | None, config: TrialConfig, info: dict[str, Any]) -> DataSet:
     seq = config.batch.max_seq_len
-    tail = [eot] if eot is not None else []
+    tail = array("q", [eot] if eot is not None else [])
     ids = [(a + tail)[:seq] for a in tokens.ids]
     labels = [ids[i] if b is a else (b + tail)[:seq] for i, (a, b) in enumerate(zip(tokens.ids, tokens.labels))]
     keep = [i for i, a in enumerate(ids) if len(a) >= 2]
