@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from capture.errors import CaptureError, ManifestError
+from capture.errors import CaptureError, ConfigError, ManifestError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -130,8 +130,6 @@ def read_overlays(user_file: Path, named: str | os.PathLike[str] | None, what: s
     folder where there is one, then ``named`` (the ``--catalog`` file, which must be a file). Each
     is read as a config: a regular file of at most :data:`CONFIG_MAX_BYTES`, UTF-8; anything else
     is a :class:`ConfigError` (exit 2)."""
-    from capture.errors import ConfigError
-
     layers = [(user_file, False)] + ([(Path(named), True)] if named is not None else [])
     out: list[tuple[str, str]] = []
     for p, required in layers:

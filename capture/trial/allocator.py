@@ -275,8 +275,6 @@ def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "c
     best_tags: dict[str, int] = {}
     phase = best_phase = ""
     peak_alloc = 0
-    small = large = 0
-    peak_expandable = 0
     for ev in events:
         kind = ev[0]
         if kind == "alloc":
@@ -286,23 +284,13 @@ def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "c
             size = round_size(nbytes)
             live[tid] = (handle, size, tag)
             by_tag[tag] = by_tag.get(tag, 0) + size
-            if size <= SMALL_SIZE:
-                small += size
-            else:
-                large += size
             if alloc.allocated > peak_alloc:
                 peak_alloc, best_tags, best_phase = alloc.allocated, dict(by_tag), phase
-            pages = _pages(small) + _pages(large)
-            peak_expandable = max(peak_expandable, pages)
         elif kind == "free":
             handle, size, tag = live.pop(ev[1])
             alloc.free(handle)
             exp.free(exp_live.pop(ev[1]))
             by_tag[tag] -= size
-            if size <= SMALL_SIZE:
-                small -= size
-            else:
-                large -= size
         elif kind == "retag":
             _, tid, tag = ev
             handle, size, old = live[tid]
@@ -319,7 +307,6 @@ def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "c
             alloc.reset_peaks()
             exp.reset_peaks()
             peak_alloc, best_tags, best_phase = alloc.allocated, dict(by_tag), phase
-            peak_expandable = _pages(small) + _pages(large)
     return Replay(peak_allocated=alloc.peak_allocated, peak_reserved=alloc.peak_reserved,
                   peak_reserved_expandable=max(exp.peak_reserved, alloc.peak_allocated) if expandable else alloc.peak_reserved,
                   peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
@@ -355,7 +342,3 @@ def _replay_cpu(events: Iterable[tuple]) -> Replay:
             peak, best_tags, best_phase = allocated, dict(by_tag), phase
     return Replay(peak_allocated=peak, peak_reserved=peak, peak_reserved_expandable=peak,
                   peak_tags={k: v for k, v in best_tags.items() if v}, peak_phase=best_phase)
-
-
-def _pages(n: int) -> int:
-    return ROUND_LARGE * ((n + ROUND_LARGE - 1) // ROUND_LARGE)

@@ -431,11 +431,11 @@ def _joined(seqs: Sequence[Sequence[int]], eot: int | None) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.int64).clone() if buf else torch.zeros(0, dtype=torch.long)
 
 
-def _digest(seqs: Sequence[Sequence[int]]) -> str:
-    """sha256 of the sequences end to end as int64 (the bytes of :func:`_joined` without ``eot``)."""
+def _digest(seqs: Sequence[array[int]]) -> str:
+    """sha256 of the int64 sequences end to end (the bytes of :func:`_joined` without ``eot``)."""
     h = hashlib.sha256()
     for a in seqs:
-        h.update(array("q", a).tobytes())
+        h.update(a)  # an int64 array is its own bytes: no copy
     return h.hexdigest()
 
 
