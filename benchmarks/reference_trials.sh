@@ -12,6 +12,7 @@
 # manifests (`capture pin`), and `capture decide manifests` ranks them in separate groups.
 #
 #   bash benchmarks/reference_trials.sh [OUT] [KEY]
+#   ONLY="lora-gc qlora-gc" bash benchmarks/reference_trials.sh   # a subset, e.g. one per device call
 #   ESTIMATE_ONLY=1 bash benchmarks/reference_trials.sh   # no GPU: each config's `capture estimate` on an H200
 set -euo pipefail
 OUT=${1:-reference-trials}
@@ -30,9 +31,10 @@ variant() {  # variant NAME FROM [sed expressions...]: a config beside the examp
     echo "$file"
 }
 
-run() {  # run NAME CONFIG [flags...]
+run() {  # run NAME CONFIG [flags...]; ONLY="full-gc lora-gc" runs a subset
     local name=$1 cfg=$2
     shift 2
+    case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     echo "== $name ($(date -u +%H:%M:%S))"
     if [ -n "${ESTIMATE_ONLY:-}" ]; then
         $CAPTURE estimate "$cfg" --card H200 | tail -n 8

@@ -227,12 +227,69 @@ def test_a_pretrained_base_is_verified_by_its_files_and_a_corrupted_file_is_caug
 # --------------------------------------------------------------------------- two resumes, an epoch boundary
 
 
+# In every fresh process: before each checkpoint is written, which checkpoints the scratch holds.
+SEES_SCRATCH = '''
+import os
+from capture.trial import checkpoint_io as _io
+
+_save = _io.save
+
+
+def _seeing(saved, path, *args, **kwargs):
+    held = sorted(p for p in os.listdir(os.path.dirname(path)) if p.endswith(".pt"))
+    with open(os.environ["SCRATCH_LOG"], "a") as f:
+        f.write(f"{os.path.basename(path)} {' '.join(held)}\\n")
+    return _save(saved, path, *args, **kwargs)
+
+
+_io.save = _seeing
+'''
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """The full fine-tune of the shape above (dropout on), the stage as it runs."""
+    """The full fine-tune of the shape above (dropout on), the stage as it runs; with what the
+    scratch held at each checkpoint write and the order in which the parent drove its workers."""
     tmp = tmp_path_factory.mktemp("full")
     cfg = _config(tmp, method="full")
-    return cfg, recover.run_recoverability(cfg, CPU, tmp)
+    events: list[str] = []
+    workers: list = []
+    init, start_job = recover.Worker.__init__, recover.Worker.start_job
+
+    def registered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        workers.append(self)
+
+    def logged_start(self, job):
+        running = sorted(w.name for w in workers if w is not self and w.proc.poll() is None)
+        events.append(f"{self.name} job, running: {', '.join(running) or 'none'}")
+        return start_job(self, job)
+
+    with pytest.MonkeyPatch.context() as mp:
+        _plant(tmp, mp, SEES_SCRATCH)
+        mp.setenv("SCRATCH_LOG", str(tmp / "scratch.log"))
+        mp.setattr(recover.Worker, "start_job", logged_start)
+        mp.setattr(recover.Worker, "__init__", registered)
+        here: dict = {}  # the same watch in this process, where the reference runs without deterministic mode
+        exec(SEES_SCRATCH.replace("_io.save = _seeing", ""), here)
+        mp.setattr(checkpoint_io, "save", here["_seeing"])
+        table = recover.run_recoverability(cfg, CPU, tmp)
+    table["_scratch"] = (tmp / "scratch.log").read_text().splitlines()
+    table["_events"] = events
+    return cfg, table
+
+
+def test_the_scratch_never_holds_two_checkpoints_and_one_restore_runs_at_a_time(full_run):
+    """At 8B a full checkpoint with AdamW is 45 GB: the resumed run's checkpoint is written only
+    after the first one went (the first restore holds it in memory), and the first restore's
+    process has ended before the second resume is given its job (two full workloads do not fit
+    one 80 GB card). Both were missing on the first H100 run (no space left at 20 GB)."""
+    _, table = full_run
+    assert table["resume_again"]["verdict"] == "bit-exact"
+    writes = [line.split() for line in table["_scratch"]]
+    assert [w[0] for w in writes] == ["checkpoint.pt", "again-checkpoint.pt"]
+    assert writes[0][1:] == [] and writes[1][1:] == [], writes  # nothing else on disk at either write
+    assert table["_events"][-1] == "resume-again job, running: none", table["_events"]
 
 
 def test_two_resumes_across_an_epoch_boundary_consume_the_uninterrupted_batches(full_run):

@@ -364,6 +364,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         started = restore.start_s(result)
         if started is not None:
             phases["worker_start_s"] = started
+        # Its job is done: its device memory and host copy go before the second resume builds
+        # and reads (two full 8B workloads do not fit one 80 GB card).
+        restore.stop()
         again_result = None
         if again is not None and result.get("saved_again"):
             t0 = time.perf_counter()

@@ -275,6 +275,9 @@ def _read(job: Mapping[str, Any], config: Any, k: int, timings: dict[str, float]
     host = checkpoint_io.load(Path(job["checkpoint"]), config.checkpoint.format)  # the one read of the file
     if int(host.get("step", -1)) != k:
         raise RuntimeError(f"checkpoint is from step {host.get('step')}, expected {k}")
+    # Every later restore uses the host copy: the file goes now, so that the next checkpoint (the
+    # resumed run's, at k2) has its disk. Two full checkpoints of an 8B model with AdamW are 90 GB.
+    checkpoint_io.remove(Path(job["checkpoint"]))
     timings["read_s"] = timings.get("read_s", 0.0) + time.perf_counter() - t0
     return host
 
