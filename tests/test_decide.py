@@ -171,6 +171,35 @@ def test_a_run_whose_loss_went_nan_is_listed_never_ranked(tiny_body, tmp_path):
         assert c.to_json()["loss_nonfinite_step"] == 2
 
 
+def test_a_run_that_could_not_be_resumed_is_ranked_with_the_reason_beside_it(tiny_body, tmp_path):
+    """Its speed and cost stand, so it is ranked; but a failed or diverged recovery is said under
+    the table, where a 100-column terminal still shows it (the recovery column is left out there)."""
+    (tmp_path / "keys").mkdir()
+    alice = Signer(tmp_path / "keys", "alice@lab")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "allowed_signers").write_text(alice.allowed_line)
+    good = copy.deepcopy(tiny_body)
+    _reprice(good, 2.0)
+    failed, diverged = copy.deepcopy(good), copy.deepcopy(good)
+    failed["trial"]["recovery"] = {"verdict": "failed: RuntimeError: unexpected pos 20192109440 vs 20192109336"}
+    diverged["trial"]["recovery"] = {"verdict": "diverged at step 3 (loss differs by 0.01)",
+                                     "verdict_kind": "beyond_band"}
+    for name, body in (("good", good), ("failed", failed), ("diverged", diverged)):
+        alice.write(tmp_path / "runs" / f"{name}.toml", body)
+    (group,) = _decide(tmp_path / "runs")[0]
+    by = {Path(c.run.path).stem: c for c in group.configs}
+    assert all(c.rank_cost is not None for c in by.values())
+    assert not any(n.startswith("recovery ") for n in by["good"].notes), by["good"].notes
+    assert "recovery failed: RuntimeError: unexpected pos 20192109440 vs 20192109336" in by["failed"].notes
+    assert "recovery diverged at step 3 (loss differs by 0.01)" in by["diverged"].notes
+    out = subprocess.run([sys.executable, "-m", "capture", "decide", str(tmp_path / "runs"),
+                          "--allowed-signers", str(tmp_path / "runs" / "allowed_signers")],
+                         capture_output=True, text=True, env=dict(os.environ, COLUMNS="100"))
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "recovery failed: RuntimeError: unexpected pos" in text and "recovery diverged at step 3" in text
+
+
 def test_cost_arithmetic_matches_the_manifests_own_figures(corpus):
     folder, paths, bodies = corpus
     groups, _ = _decide(folder)
