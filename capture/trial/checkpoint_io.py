@@ -68,9 +68,46 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+class NoSpace(RuntimeError):
+    """The checkpoint's tensors need more than the disk under it has free (checked before writing:
+    torch.save that runs out of space fails at the end with "unexpected pos", not ENOSPC)."""
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in a nested state (each storage once): what a checkpoint writes."""
+    import torch
+
+    seen: set[tuple[int, int]] = set()
+    total, stack = 0, [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            key = (item.untyped_storage().data_ptr(), item.untyped_storage().nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += key[1]
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+def check_space(state: Mapping[str, Any], path: Path) -> None:
+    """Raise :class:`NoSpace` when the state's tensors exceed the free space where ``path`` goes."""
+    need = tensor_bytes(state)
+    free = shutil.disk_usage(Path(path).parent).free
+    if need > free:
+        gib = 1024 ** 3
+        raise NoSpace(f"the checkpoint needs {need / gib:.1f} GiB and {Path(path).parent} has {free / gib:.1f} GiB free "
+                      "(hint: free space there, or give the trial a work folder on a larger disk with --workdir)")
+
+
 def save(state: Mapping[str, Any], path: Path, fmt: str = "torch.save", device_type: str = "cpu") -> SaveTiming:
-    """Write ``state`` to ``path`` in ``fmt``; the caller has synchronised the device."""
+    """Write ``state`` to ``path`` in ``fmt``; the caller has synchronised the device. Refuses
+    (:class:`NoSpace`) before writing a byte when the disk cannot hold it."""
     path = Path(path)
+    check_space(state, path)
     t0 = time.perf_counter()
     if fmt == "torch.save":
         import torch

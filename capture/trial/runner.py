@@ -415,7 +415,11 @@ def _checkpoint(wl: Any, config: TrialConfig, workdir: Path, steps: int) -> dict
     path = workdir / checkpoint_io.file_name(c.format)
     saved = state.capture_state(wl, wl.device, steps)  # what the recovery check writes: a LoRA run's adapter only
     state.sync(wl.device)
-    timing = checkpoint_io.save(saved, path, c.format, wl.device.type)
+    try:
+        timing = checkpoint_io.save(saved, path, c.format, wl.device.type)
+    except checkpoint_io.NoSpace as exc:  # a result about this machine's disk, not a crash
+        return {"skipped": f"not written: {exc}", "format": c.format,
+                "model_state": "adapter" if state.is_adapter(wl.model) else "full"}
     out: dict[str, Any] = {"duration_s": timing.durable_s, "size_bytes": timing.size_bytes,
                            "bytes_per_s": timing.size_bytes / timing.durable_s if timing.durable_s else None,
                            "blocked_s": timing.blocked_s, "durable_s": timing.durable_s, "fsync": True,
