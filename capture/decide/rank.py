@@ -212,6 +212,8 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     if isinstance(recovery, str) and (recovery.startswith("failed") or kind in ("beyond_band", "state_differs")):
         # Ranked on its speed and cost, which stand; but the run could not be resumed as it stands.
         notes.append("recovery " + (recovery if len(recovery) <= 120 else recovery[:119] + "…"))
+        word = {"beyond_band": "diverged", "state_differs": "state differs"}.get(str(kind), "failed")
+        recovery = f"{word} (see notes)"  # the column stays narrow: the reason is in the note
     out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")), _num(stats.get("step_time_cv")),
                     1.0 if tps else None, peak, recovery, _num(stats.get("tokens_per_step")),
                     _num(stats.get("step_time_mean_s")), notes))
