@@ -323,3 +323,23 @@ def test_list_examples_and_default_output_name(tmp_path, capsys):
     # the config file's stem names it (exp-7.toml), not trial.name
     assert re.fullmatch(r"trial-exp-7-\d{8}T\d{6}Z\.toml", printed.name) and printed.parent == tmp_path
     assert _verified(printed, tmp_path)["trial"]["run"]["name"] == "small"
+
+
+def test_the_reference_process_starts_while_validation_and_checkpoint_run(tmp_path):
+    """A deterministic check runs its reference in a fresh process; that process is started when
+    the measured steps end, so its imports overlap validation, checkpoint and fit instead of
+    adding to the recovery stage (on an 8B LoRA run, ~16 s of the stage's 75)."""
+    out = tmp_path / "det.toml"
+    assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
+                 "--no-report", "-o", str(out)]) == 0
+    t = _verified(out, tmp_path)["trial"]
+    rec, phases = t["recovery"], t["recovery"]["phases"]
+    assert rec["deterministic"]["enabled"] is True and rec["verdict"] == "bit-exact"
+    assert phases["reference_started_early"] is True
+    # it was waiting before the stage began: at least validation and checkpoint ran in between
+    between = t["cost"]["phases"]["validation_s"] + t["cost"]["phases"]["checkpoint_s"]
+    assert phases["reference_head_start_s"] >= between > 0
+    assert 0 <= phases["reference_start_wait_s"] <= phases["reference_wall_s"]
+    from test_docs import undocumented
+
+    assert undocumented(_verified(out, tmp_path)) == []

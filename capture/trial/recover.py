@@ -239,11 +239,13 @@ def no_deterministic_op(reason: str) -> str | None:
 def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float | None = 1800,
                        sensitivity: bool | None = None, leave_out: Sequence[str] = (), plan: Plan = PLAN,
                        budget: MemoryBudget | None = None, models: Any = None,
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       progress: Callable[[str], None] | None = None,
+                       reference: Worker | None = None) -> dict[str, Any]:
     """Run the whole stage and return the ``[trial.recovery]`` table (layout: docs/trial.md).
 
     ``models``: the fingerprint's ``[[models]]`` (a LoRA base's recorded files); ``budget``: the
-    trial's measured memory (early builds); ``progress``: where the phase table is printed."""
+    trial's measured memory (early builds); ``progress``: where the phase table is printed;
+    ``reference``: a reference process from :func:`start_reference` (stopped here in any case)."""
     t_start = time.perf_counter()
     k, n, withhold, configured, seed = _recovery_settings(config)
     sensitivity = configured if sensitivity is None else sensitivity
@@ -259,7 +261,7 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     args = (config, device, workdir, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s, plan,
             _early(plan, budget, device), expected)
     try:
-        table = _attempt(det, *args)
+        table = _attempt(det, *args, early_reference=reference)
         op = no_deterministic_op(str(table.get("verdict", "")).removeprefix("failed: "))
         if det.enabled and op is not None:
             log.warning("recovery: %s has no deterministic implementation; running again with the run's settings", op)
@@ -268,6 +270,8 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
             table["deterministic"]["fallback_op"] = op
     finally:
         outer.apply()
+        if reference is not None:
+            reference.stop()
     if base_skipped:
         table["base_model"] = {"skipped": base_skipped}
     table["elapsed_s"] = time.perf_counter() - t_start
@@ -285,19 +289,40 @@ def _setup(config: Any, device: Any, seed: int, settings: GlobalSettings, plan: 
                  "settings": dataclasses.asdict(settings), "plan": plan.to_json(), "role": role}, **extra)
 
 
-def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
-             withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
-             timeout_s: float | None, plan: Plan, early: bool, expected: base.Expectation | None) -> dict[str, Any]:
-    fmt = config.checkpoint.format
-    checkpoint = workdir / checkpoint_io.file_name(fmt)
+def _worker_settings(outer: GlobalSettings, device: Any, det: Determinism) -> GlobalSettings:
     settings = outer
     if device_type(device) == "cpu":
         # Half the cores each, so a worker's start-up overlaps the other process instead of
         # fighting it (busy-waiting OpenMP threads slow down badly when oversubscribed); the
         # count only has to be the same on both sides for the results to be comparable.
         settings = dataclasses.replace(outer, num_threads=max(1, outer.num_threads // 2))
-    if det.enabled:
-        settings = settings.deterministic()
+    return settings.deterministic() if det.enabled else settings
+
+
+def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN) -> Worker | None:
+    """The reference process of a deterministic check, started while the trial's other stages
+    (validation, checkpoint, fit) run, so that its imports cost the stage no wall time; it touches
+    no device memory before its job. None where the reference runs in this process. The caller
+    stops it in ``finally``; :func:`run_recoverability` takes it (``reference=``) and uses it only
+    where its setup is exactly the one the stage would give a fresh one."""
+    if not config.recovery.enabled:
+        return None
+    det = resolve_determinism(config.recovery.deterministic, device, GlobalSettings.current())
+    if not det.enabled:
+        return None
+    folder = Path(workdir) / "recovery"
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = _worker_settings(GlobalSettings.current(), device, det)
+    return Worker("reference", _setup(config, device, int(config.seed), settings, plan, "reference"), folder, det.env)
+
+
+def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
+             withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
+             timeout_s: float | None, plan: Plan, early: bool, expected: base.Expectation | None,
+             early_reference: Worker | None = None) -> dict[str, Any]:
+    fmt = config.checkpoint.format
+    checkpoint = workdir / checkpoint_io.file_name(fmt)
+    settings = _worker_settings(outer, device, det)
     k2 = second_save_step(k, n) if plan.resume_again and not withhold and not leave_out else None
     table: dict[str, Any] = {"save_at_step": k, "total_steps": n, "fresh_process": True, "withheld": list(withhold),
                              "deterministic_algorithms": settings.deterministic_algorithms,
@@ -321,16 +346,31 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
         t0 = time.perf_counter()
         if det.enabled:  # a fresh process, so that the environment is there before CUDA starts
-            ref_worker = Worker("reference", _setup(config, device, seed, settings, plan, "reference"), workdir, det.env)
+            wanted = _setup(config, device, seed, settings, plan, "reference")
+            if early_reference is not None and early_reference.setup == wanted and early_reference.env == det.env \
+                    and early_reference.out.parent == workdir and early_reference.proc.poll() is None:
+                ref_worker = early_reference
+                phases["reference_started_early"] = True
+            else:
+                if early_reference is not None:
+                    early_reference.stop()
+                ref_worker = Worker("reference", wanted, workdir, det.env)
             try:
                 ref_worker.start_job({"kind": "reference", "checkpoint": str(checkpoint), "save_at_step": k,
                                       "total_steps": n, "leave_out": list(leave_out), "second_save_at_step": k2})
-                ref = Reference(**ref_worker.result(timeout_s)["reference"])
+                ref_result = ref_worker.result(timeout_s)
+                ref = Reference(**ref_result["reference"])
             except WorkerFailed as exc:
                 table["verdict"] = f"failed: {exc.reason}"
                 return table
             finally:
                 ref_worker.stop()
+            ready_at, sent = ref_result.get("ready_at"), ref_worker.job_sent_at
+            if sent is not None:  # from its start to its job: the time its imports had before it was needed
+                phases["reference_head_start_s"] = sent - ref_worker.spawned_at
+            if isinstance(ready_at, (int, float)) and sent is not None:
+                # How long the job waited for the fresh process's imports (0 when it started early enough).
+                phases["reference_start_wait_s"] = max(0.0, ready_at - sent)
         else:
             settings.apply()
             try:

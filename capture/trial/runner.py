@@ -59,6 +59,7 @@ from capture.trial import measured, scratch, state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
 from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
+from capture.trial.worker_proc import Worker
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     est = None
     rec = None
     completed_steps = 0
+    early_reference: Worker | None = None
     try:
         say(f"building the {config.method} workload on {device} ({name})")
         allocated_before = devmem.allocated_bytes(device)
@@ -280,6 +282,12 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                     say(f"the loss is not finite from measured step {trial['stats']['loss_first_nonfinite_step']}: "
                         "these steps are not a run to book on (check lr, precision and the data)")
 
+            if oom is None and opts.recovery and config.recovery.enabled:
+                # The recovery check's reference process imports while validation, checkpoint
+                # and fit run (after the measured steps, so it cannot perturb them).
+                from capture.trial.recover import start_reference
+
+                early_reference = start_reference(config, device, workdir)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -313,7 +321,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         else:
             say("recoverability: checkpoint, restore in a fresh process, compare")
             with timer.phase("recovery"):
-                trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say)
+                trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say,
+                                              early_reference)
+                early_reference = None  # stopped by the stage
             _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
         if opts.scaling is not None:
@@ -347,6 +357,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         write_manifest(output, manifest, opts.key, opts.principal)
         written = True
     finally:
+        if early_reference is not None:
+            early_reference.stop()
         if wl is not None:
             del wl
         scratch.remove(workdir)
@@ -480,12 +492,12 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
 
 
 def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, Any], models: Any,
-              say: Callable[[str], None]) -> dict[str, Any]:
+              say: Callable[[str], None], reference: Worker | None) -> dict[str, Any]:
     from capture.trial.recover import budget_from_trial, run_recoverability
 
     try:
         return run_recoverability(config, device, workdir, budget=budget_from_trial(trial), models=models,
-                                  progress=say)
+                                  progress=say, reference=reference)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
         from capture.errors import CaptureError
 

@@ -36,7 +36,8 @@ class Worker:
         self.out = workdir / f"{name}.result.json"
         self.err = workdir / f"{name}.stderr.txt"
         self.job_sent_at: float | None = None
-        environ = dict(os.environ, **(env or {}))
+        self.setup, self.env = dict(setup), dict(env or {})
+        environ = dict(os.environ, **self.env)
         package_root = str(Path(__file__).resolve().parents[2])
         environ["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [environ.get("PYTHONPATH")])])
         self.spawned_at = time.time()
