@@ -12,7 +12,7 @@
 # manifests (`capture pin`), and `capture decide manifests` ranks them in separate groups.
 #
 #   bash benchmarks/reference_trials.sh [OUT] [KEY]
-#   ONLY="lora-gc qlora-gc" bash benchmarks/reference_trials.sh   # a subset, e.g. one per device call
+#   ONLY="lora-gc qlora-gc" bash benchmarks/reference_trials.sh   # a subset, in this order (e.g. one per device call)
 #   ESTIMATE_ONLY=1 bash benchmarks/reference_trials.sh   # no GPU: each config's `capture estimate` on an H200
 set -euo pipefail
 OUT=${1:-reference-trials}
@@ -31,10 +31,9 @@ variant() {  # variant NAME FROM [sed expressions...]: a config beside the examp
     echo "$file"
 }
 
-run() {  # run NAME CONFIG [flags...]; ONLY="full-gc lora-gc" runs a subset
+run() {  # run NAME CONFIG [flags...]
     local name=$1 cfg=$2
     shift 2
-    case " ${ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
     echo "== $name ($(date -u +%H:%M:%S))"
     if [ -n "${ESTIMATE_ONLY:-}" ]; then
         $CAPTURE estimate "$cfg" --card H200 | tail -n 8
@@ -43,12 +42,24 @@ run() {  # run NAME CONFIG [flags...]; ONLY="full-gc lora-gc" runs a subset
     $CAPTURE trial "$cfg" --key "$KEY" -o "$OUT/$name.toml" "$@" || echo "!! $name exited $?"
 }
 
-run full-gc "$(variant full-gc llama-3.1-8b-full)"
-run lora-gc "$(variant lora-gc llama-3.1-8b-lora)"
-run lora-nogc "$(variant lora-nogc llama-3.1-8b-lora -e 's/^gradient_checkpointing = true/gradient_checkpointing = false/' \
-    -e 's/^micro_batch_size = 4/micro_batch_size = 2/')" --no-recovery
-run qlora-gc "$(variant qlora-gc llama-3.1-8b-qlora)"
-run lora-chunked-8k "$(variant lora-chunked-8k llama-3.1-8b-lora \
-    -e 's/^gradient_checkpointing = true/gradient_checkpointing = true\nloss = "chunked"/' \
-    -e 's/^max_seq_len = 2048/max_seq_len = 8192/' -e 's/^micro_batch_size = 4/micro_batch_size = 1/')" --no-recovery
+config() {  # config NAME: the setting's config file, then its extra flags (one per line)
+    case $1 in
+        full-gc) variant full-gc llama-3.1-8b-full ;;
+        lora-gc) variant lora-gc llama-3.1-8b-lora ;;
+        lora-nogc) variant lora-nogc llama-3.1-8b-lora -e 's/^gradient_checkpointing = true/gradient_checkpointing = false/' \
+            -e 's/^micro_batch_size = 4/micro_batch_size = 2/'; echo --no-recovery ;;
+        qlora-gc) variant qlora-gc llama-3.1-8b-qlora ;;
+        lora-chunked-8k) variant lora-chunked-8k llama-3.1-8b-lora \
+            -e 's/^gradient_checkpointing = true/gradient_checkpointing = true\nloss = "chunked"/' \
+            -e 's/^max_seq_len = 2048/max_seq_len = 8192/' -e 's/^micro_batch_size = 4/micro_batch_size = 1/'
+            echo --no-recovery ;;
+        *) echo "unknown setting: $1" >&2; return 2 ;;
+    esac
+}
+
+# In the order ONLY names them (the most wanted first, when a device call may run out of time).
+for name in ${ONLY:-full-gc lora-gc lora-nogc qlora-gc lora-chunked-8k}; do
+    mapfile -t lines < <(config "$name")
+    run "$name" "${lines[@]}"
+done
 ls -l "$OUT"
