@@ -1,14 +1,17 @@
 """The table of docs/measurements for the reference trials (benchmarks/reference_trials.sh): one
 row per signed manifest, with memory (estimate against NVML's figure for the process), step time,
-tokens/s, both MFU figures and the recovery stage's time, read from the manifests themselves.
+tokens/s, both MFU figures and the recovery stage's time, read from the manifests themselves,
+each opened through the one door (capture.verify.open): signed by a key of the allowed-signers
+file you name, or refused (exit 4) before a figure of it is printed.
 
-    python benchmarks/reference_table.py manifests/nvidia-h100-80gb-hbm3-x1/2026-12-05/*.toml
+    python benchmarks/reference_table.py --allowed-signers manifests/.capture/allowed_signers \
+        manifests/nvidia-h100-80gb-hbm3-x1/2026-12-05/*.toml
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +38,10 @@ def _setting(t: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def row(path: Path) -> str:
-    d = tomllib.loads(path.read_text())
-    t = d.get("trial", {})
+def row(path: Path, trust: Any) -> str:
+    from capture.verify.open import open_manifest
+
+    t = open_manifest(path, trust, require_trusted=True).data.get("trial", {})
     stats, mem, rec = t.get("stats", {}), t.get("memory", {}), t.get("recovery", {})
     batch = t.get("run", {})
     est, used = _get(mem, "estimate.total_bytes"), _get(mem, "measured.device_used_bytes")
@@ -59,14 +63,24 @@ def row(path: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
-        return 2
+    from capture.errors import CaptureError
+    from capture.verify.open import load_allowed
+
+    parser = argparse.ArgumentParser(description="the reference trials' table from their signed manifests")
+    parser.add_argument("--allowed-signers", required=True, help="the allowed-signers file that decides trust")
+    parser.add_argument("manifests", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        trust = load_allowed(args.allowed_signers)
+        rows = [row(p, trust) for p in args.manifests]
+    except CaptureError as exc:
+        print(exc.diagnostics(), file=sys.stderr)
+        return exc.exit_code
     print("| run | setting | micro-batch x seq | estimate GiB | device GiB (NVML) | estimate error | "
           "step s (median) | tokens/s | MFU % (6N / with attention) | recovery | trial min | manifest |")
     print("| --- " * 12 + "|")
-    for p in argv:
-        print(row(Path(p)))
+    for line in rows:
+        print(line)
     return 0
 
 

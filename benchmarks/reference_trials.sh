@@ -14,18 +14,22 @@
 #   bash benchmarks/reference_trials.sh [OUT] [KEY]
 #   ONLY="lora-gc qlora-gc" bash benchmarks/reference_trials.sh   # a subset, in this order (e.g. one per device call)
 #   ESTIMATE_ONLY=1 bash benchmarks/reference_trials.sh   # no GPU: each config's `capture estimate` on an H200
+# OUT gets two files per setting (manifest, report). Where only a few files come back from the
+# machine (the lent GPU returns eight per call), tar OUT into one file before the call ends.
 set -euo pipefail
 OUT=${1:-reference-trials}
 KEY=${2:-$OUT/signer}
 CAPTURE=${CAPTURE:-python3 -m capture}
 EX=capture/trial/examples
-mkdir -p "$OUT/configs"
+CONFIGS=$(mktemp -d)  # each manifest holds its config verbatim (trial.config_toml): OUT keeps results only
+trap 'rm -rf "$CONFIGS"' EXIT
+mkdir -p "$OUT"
 [ -n "${ESTIMATE_ONLY:-}" ] || [ -f "$KEY" ] || $CAPTURE keygen -o "$KEY" -C "reference-trials@$(hostname)"
 
 variant() {  # variant NAME FROM [sed expressions...]: a config beside the examples' config.json
     local name=$1 from=$2
     shift 2
-    local file="$OUT/configs/$name.toml"
+    local file="$CONFIGS/$name.toml"
     sed -e "s|^config_file = \"llama-3.1-8b/config.json\"|config_file = \"$PWD/$EX/llama-3.1-8b/config.json\"|" \
         -e "0,/^name = /s|^name = .*|name = \"$name\"|" "$@" "$EX/$from.toml" > "$file"
     echo "$file"
