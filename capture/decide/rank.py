@@ -152,6 +152,10 @@ def target_for(run: Run, target_tokens: int | None, target_epochs: float | None)
     return costs.default_target()
 
 
+_UNRESUMABLE = {"beyond_band": "diverged", "state_differs": "state differs"}
+"""Recovery verdict kinds of a run that could not be resumed as it stands, and the column's word."""
+
+
 def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_tokens: int | None = None,
                target_epochs: float | None = None, currency: str | None = None) -> list[Config]:
     d = run.data
@@ -209,11 +213,10 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     recovery = dig(d, "trial.recovery.verdict") or (f"skipped: {dig(d, 'trial.recovery.skipped')}"
                                                    if dig(d, "trial.recovery.skipped") else None)
     kind = dig(d, "trial.recovery.verdict_kind")
-    if isinstance(recovery, str) and (recovery.startswith("failed") or kind in ("beyond_band", "state_differs")):
+    if isinstance(recovery, str) and (recovery.startswith("failed") or kind in _UNRESUMABLE):
         # Ranked on its speed and cost, which stand; but the run could not be resumed as it stands.
         notes.append("recovery " + (recovery if len(recovery) <= 120 else recovery[:119] + "…"))
-        word = {"beyond_band": "diverged", "state_differs": "state differs"}.get(str(kind), "failed")
-        recovery = f"{word} (see notes)"  # the column stays narrow: the reason is in the note
+        recovery = f"{_UNRESUMABLE.get(str(kind), 'failed')} (see notes)"  # the column stays narrow
     out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")), _num(stats.get("step_time_cv")),
                     1.0 if tps else None, peak, recovery, _num(stats.get("tokens_per_step")),
                     _num(stats.get("step_time_mean_s")), notes))

@@ -303,17 +303,21 @@ def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN) 
     """The reference process of a deterministic check, started while the trial's other stages
     (validation, checkpoint, fit) run, so that its imports cost the stage no wall time; it touches
     no device memory before its job. None where the reference runs in this process. The caller
-    stops it in ``finally``; :func:`run_recoverability` takes it (``reference=``) and uses it only
+    decides that the stage will run, and stops it in ``finally``; :func:`run_recoverability` takes it (``reference=``) and uses it only
     where its setup is exactly the one the stage would give a fresh one."""
-    if not config.recovery.enabled:
-        return None
-    det = resolve_determinism(config.recovery.deterministic, device, GlobalSettings.current())
+    outer = GlobalSettings.current()
+    det = resolve_determinism(config.recovery.deterministic, device, outer)
     if not det.enabled:
         return None
     folder = Path(workdir) / "recovery"
     folder.mkdir(parents=True, exist_ok=True)
-    settings = _worker_settings(GlobalSettings.current(), device, det)
-    return Worker("reference", _setup(config, device, int(config.seed), settings, plan, "reference"), folder, det.env)
+    return Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env)
+
+
+def _reference_setup(config: Any, device: Any, outer: GlobalSettings, det: Determinism, plan: Plan) -> dict[str, Any]:
+    """The setup of the reference's fresh process: the same for one started early and one started by the stage."""
+    return _setup(config, device, _recovery_settings(config)[4], _worker_settings(outer, device, det), plan,
+                  "reference")
 
 
 def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
@@ -346,7 +350,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
         t0 = time.perf_counter()
         if det.enabled:  # a fresh process, so that the environment is there before CUDA starts
-            wanted = _setup(config, device, seed, settings, plan, "reference")
+            wanted = _reference_setup(config, device, outer, det, plan)
             if early_reference is not None and early_reference.setup == wanted and early_reference.env == det.env \
                     and early_reference.out.parent == workdir and early_reference.proc.poll() is None:
                 ref_worker = early_reference
@@ -365,12 +369,11 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                 return table
             finally:
                 ref_worker.stop()
-            ready_at, sent = ref_result.get("ready_at"), ref_worker.job_sent_at
-            if sent is not None:  # from its start to its job: the time its imports had before it was needed
-                phases["reference_head_start_s"] = sent - ref_worker.spawned_at
-            if isinstance(ready_at, (int, float)) and sent is not None:
-                # How long the job waited for the fresh process's imports (0 when it started early enough).
-                phases["reference_start_wait_s"] = max(0.0, ready_at - sent)
+            if ref_worker.job_sent_at is not None:  # from its start to its job: the time its imports had
+                phases["reference_head_start_s"] = ref_worker.job_sent_at - ref_worker.spawned_at
+            wait = ref_worker.job_wait_s(ref_result)  # what its imports still cost (0 when it started early enough)
+            if wait is not None:
+                phases["reference_start_wait_s"] = wait
         else:
             settings.apply()
             try:
@@ -430,9 +433,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                "needs recovery.total_steps >= save_at_step + 2" if plan.resume_again else "not part of this plan")
     _second_resume(table, ref, result, again_result, k, k2, why_not)
     phases.update(_phases(ref, result))
-    ready, sent = result.get("ready_at"), restore.job_sent_at
-    if isinstance(ready, (int, float)) and sent is not None and ready > sent:
-        phases["worker_start_wait_s"] = ready - sent
+    wait = restore.job_wait_s(result)
+    if wait:
+        phases["worker_start_wait_s"] = wait
         phases["overlapped"].remove("worker_start")
     return table
 

@@ -87,6 +87,13 @@ class Worker:
             except OSError:
                 pass
 
+    def job_wait_s(self, result: Mapping[str, Any]) -> float | None:
+        """Seconds its job waited for the worker to be ready (0 when it was ready first)."""
+        ready = result.get("ready_at")
+        if not isinstance(ready, (int, float)) or self.job_sent_at is None:
+            return None
+        return max(0.0, float(ready) - self.job_sent_at)
+
     def start_s(self, result: Mapping[str, Any]) -> float | None:
         """Seconds from the spawn until the worker was ready for its job (imports, prewarm, an early build)."""
         ready = result.get("ready_at")
