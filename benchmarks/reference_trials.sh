@@ -14,6 +14,8 @@
 #   bash benchmarks/reference_trials.sh [OUT] [KEY]
 #   ONLY="lora-gc qlora-gc" bash benchmarks/reference_trials.sh   # a subset, in this order (e.g. one per device call)
 #   ESTIMATE_ONLY=1 bash benchmarks/reference_trials.sh   # no GPU: each config's `capture estimate` on an H200
+#   TRIAL_FLAGS="--workdir /big/disk" bash benchmarks/reference_trials.sh   # flags for every trial (a full
+#                          fine-tune's recovery writes two 45 GB checkpoints where --workdir points)
 # OUT gets two files per setting (manifest, report). Where only a few files come back from the
 # machine (the lent GPU returns eight per call), tar OUT into one file before the call ends.
 set -euo pipefail
@@ -43,7 +45,8 @@ run() {  # run NAME CONFIG [flags...]
         $CAPTURE estimate "$cfg" --card H200 | tail -n 8
         return
     fi
-    $CAPTURE trial "$cfg" --key "$KEY" -o "$OUT/$name.toml" "$@" || echo "!! $name exited $?"
+    # shellcheck disable=SC2086  # TRIAL_FLAGS: words on purpose
+    $CAPTURE trial "$cfg" --key "$KEY" -o "$OUT/$name.toml" "$@" ${TRIAL_FLAGS:-} || echo "!! $name exited $?"
 }
 
 config() {  # config NAME: the setting's config file, then its extra flags (one per line)

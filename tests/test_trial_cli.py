@@ -336,6 +336,7 @@ def test_the_reference_process_starts_while_validation_and_checkpoint_run(tmp_pa
     rec, phases = t["recovery"], t["recovery"]["phases"]
     assert rec["deterministic"]["enabled"] is True and rec["verdict"] == "bit-exact"
     assert phases["reference_started_early"] is True
+    assert phases["reference_started"] == "when the measured steps ended"  # a CPU: the steps keep their cores
     # it was waiting before the stage began: at least validation and checkpoint ran in between
     between = t["cost"]["phases"]["validation_s"] + t["cost"]["phases"]["checkpoint_s"]
     assert phases["reference_head_start_s"] >= between > 0
@@ -343,3 +344,64 @@ def test_the_reference_process_starts_while_validation_and_checkpoint_run(tmp_pa
     from test_docs import undocumented
 
     assert undocumented(_verified(out, tmp_path)) == []
+
+
+def test_on_an_accelerator_the_reference_process_starts_with_the_measured_steps(tmp_path, monkeypatch):
+    """Where the steps wait on an accelerator and cores are spare, the reference process starts
+    with the measured steps (its imports were longer than validation, checkpoint and fit at 8B).
+    The rule is forced here, on the CPU, to check the wiring: the process it started is the one
+    the stage used, and it had the steps' time as well."""
+    from capture.trial import recover
+
+    assert recover.reference_start(torch.device("cpu"), cores=64) == recover.AFTER_STEPS
+    assert recover.reference_start(torch.device("cuda"), cores=2) == recover.AFTER_STEPS
+    assert recover.reference_start(torch.device("cuda"), cores=16) == recover.WITH_STEPS
+    monkeypatch.setattr(recover, "reference_start", lambda device, cores=None: recover.WITH_STEPS)
+    out = tmp_path / "det.toml"
+    assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
+                 "--no-report", "-o", str(out)]) == 0
+    t = _verified(out, tmp_path)["trial"]
+    phases = t["recovery"]["phases"]
+    assert t["recovery"]["verdict"] == "bit-exact"
+    assert phases["reference_started_early"] is True and phases["reference_started"] == "with the measured steps"
+    cost = t["cost"]["phases"]
+    assert phases["reference_head_start_s"] >= cost["steps_s"] + cost["validation_s"] + cost["checkpoint_s"] > 0
+
+
+def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path, monkeypatch):
+    """The steps ran out of memory: no recovery stage follows, and the process started with them
+    is stopped at once (not left waiting on its stdin until the trial ends)."""
+    from capture.trial import recover, runner, worker_proc
+
+    monkeypatch.setattr(recover, "reference_start", lambda device, cores=None: recover.WITH_STEPS)
+    started: list[worker_proc.Worker] = []
+    real = recover.start_reference
+
+    def spy(*args, **kwargs):
+        worker = real(*args, **kwargs)
+        started.append(worker)
+        return worker
+
+    monkeypatch.setattr(recover, "start_reference", spy)
+    monkeypatch.setattr(runner, "is_oom", lambda exc: True)
+    stopped_before_fit: list[bool] = []
+    real_fit = runner._fit_table
+
+    def fit_table(*args, **kwargs):
+        stopped_before_fit.append(all(w.proc.poll() is not None for w in started))
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_fit_table", fit_table)
+
+    def fail(self, batches):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    from capture.trial import workload
+
+    monkeypatch.setattr(workload.Workload, "train_step_async", fail)
+    out = tmp_path / "oom.toml"
+    assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
+                 "--no-report", "-o", str(out)]) == 0
+    assert len(started) == 1 and stopped_before_fit == [True]
+    t = _verified(out, tmp_path)["trial"]
+    assert t["recovery"] == {"skipped": "the training step did not fit"}

@@ -299,19 +299,37 @@ def _worker_settings(outer: GlobalSettings, device: Any, det: Determinism) -> Gl
     return settings.deterministic() if det.enabled else settings
 
 
-def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN) -> Worker | None:
-    """The reference process of a deterministic check, started while the trial's other stages
-    (validation, checkpoint, fit) run, so that its imports cost the stage no wall time; it touches
-    no device memory before its job. None where the reference runs in this process. The caller
-    decides that the stage will run, and stops it in ``finally``; :func:`run_recoverability` takes it (``reference=``) and uses it only
-    where its setup is exactly the one the stage would give a fresh one."""
+WITH_STEPS = "with the measured steps"
+AFTER_STEPS = "when the measured steps ended"
+
+
+def reference_start(device: Any, cores: int | None = None) -> str:
+    """When the trial starts a deterministic check's reference process (:func:`start_reference`).
+
+    On an accelerator with cores to spare, with the measured steps: they wait on the device, and
+    the process only imports (on its own core) and touches no device memory before its job, so
+    its 10-20 s of imports are off the stage's path (at 8B they were longer than validation,
+    checkpoint and fit together). On a CPU, or with fewer than four cores, when the steps end:
+    there the imports would take cores from the steps being measured."""
+    cores = os.cpu_count() if cores is None else cores
+    return WITH_STEPS if device_type(device) != "cpu" and (cores or 1) >= 4 else AFTER_STEPS
+
+
+def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN,
+                    when: str = AFTER_STEPS) -> Worker | None:
+    """The reference process of a deterministic check, started before the stage (``when``: see
+    :func:`reference_start`), so that its imports cost the stage no wall time; it touches no
+    device memory before its job. None where the reference runs in this process. The caller
+    decides that the stage will run, and stops it in ``finally``; :func:`run_recoverability` takes
+    it (``reference=``) and uses it only where its setup is exactly the one the stage would give a
+    fresh one."""
     outer = GlobalSettings.current()
     det = resolve_determinism(config.recovery.deterministic, device, outer)
     if not det.enabled:
         return None
     folder = Path(workdir) / "recovery"
     folder.mkdir(parents=True, exist_ok=True)
-    return Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env)
+    return Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env, started=when)
 
 
 def _reference_setup(config: Any, device: Any, outer: GlobalSettings, det: Determinism, plan: Plan) -> dict[str, Any]:
@@ -355,6 +373,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                     and early_reference.out.parent == workdir and early_reference.proc.poll() is None:
                 ref_worker = early_reference
                 phases["reference_started_early"] = True
+                phases["reference_started"] = early_reference.started
             else:
                 if early_reference is not None:
                     early_reference.stop()

@@ -252,6 +252,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 trial["compile"]["duration_s"] = timer.phases.get("compile")
 
             w, n = config.warmup_steps, config.measured_steps
+            if opts.recovery and config.recovery.enabled:
+                early_reference = _start_reference(config, device, workdir, with_steps=True)
             say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
                 rec = Recorder(device, warmup_steps=w, precision=config.precision.dtype,
@@ -269,6 +271,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                     if not is_oom(exc):
                         raise
                     oom, failed_at = oom_text(exc), f"training step {rec.steps + 1} of {w + n}"
+                    if early_reference is not None:  # no recovery stage follows
+                        early_reference.stop()
+                        early_reference = None
                 completed_steps = rec.steps
             result = rec.result
             trial["memory"] = measured.memory_table(est, result.memory, overhead, weights_measured, wl)
@@ -282,12 +287,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                     say(f"the loss is not finite from measured step {trial['stats']['loss_first_nonfinite_step']}: "
                         "these steps are not a run to book on (check lr, precision and the data)")
 
-            if oom is None and opts.recovery and config.recovery.enabled:
-                # The recovery check's reference process imports while validation, checkpoint
-                # and fit run (after the measured steps, so it cannot perturb them).
-                from capture.trial.recover import start_reference
-
-                early_reference = start_reference(config, device, workdir)
+            if oom is None and opts.recovery and config.recovery.enabled and early_reference is None:
+                early_reference = _start_reference(config, device, workdir, with_steps=False)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -489,6 +490,19 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
     out["cards"] = cards_fit(used, headroom, catalog, tested_card, card_basis)
     out["cards_note"] = "memory only: cards that were not tested get no speed figures"
     return out
+
+
+def _start_reference(config: TrialConfig, device: Any, workdir: Path, with_steps: bool) -> Worker | None:
+    """The recovery check's reference process, started early so that its imports overlap other
+    work (capture.trial.recover.reference_start says when): with the measured steps where they
+    wait on an accelerator and cores are spare, else once they end, while validation, checkpoint
+    and fit run. None where it is not this moment's turn or the reference runs in the stage."""
+    from capture.trial.recover import WITH_STEPS, reference_start, start_reference
+
+    when = reference_start(device)
+    if (when == WITH_STEPS) != with_steps:
+        return None
+    return start_reference(config, device, workdir, when=when)
 
 
 def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, Any], models: Any,

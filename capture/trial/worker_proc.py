@@ -31,8 +31,9 @@ class WorkerFailed(Exception):
 
 
 class Worker:
-    def __init__(self, name: str, setup: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None) -> None:
-        self.name = name
+    def __init__(self, name: str, setup: Mapping[str, Any], workdir: Path, env: Mapping[str, str] | None = None,
+                 started: str = "") -> None:
+        self.name, self.started = name, started  # started: when, in words, for the manifest
         self.out = workdir / f"{name}.result.json"
         self.err = workdir / f"{name}.stderr.txt"
         self.job_sent_at: float | None = None
