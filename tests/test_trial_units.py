@@ -348,6 +348,31 @@ def test_process_usage_preferred_when_the_driver_lists_this_pid():
     assert dm.total_bytes() == (nv["mem_total"], "nvml")
 
 
+def test_another_process_device_memory_is_read_only_where_the_driver_lists_this_one():
+    """The early reference process: where NVML lists processes, what it holds during the measured
+    steps is read (0 when it holds nothing); where the driver hides PIDs (a container), there is
+    no per-process figure, and the trial then starts it only after the steps."""
+    from capture.trial import recover
+
+    nv = PROBE["nvml"]
+    uuid = nv["uuid"].removeprefix("GPU-")
+    mine = PROBE["llama_1b"]["nvml_used"] - nv["mem_used_before_torch"]
+    other = os.getpid() + 1
+    listed = DeviceMemory(torch.device("cuda"), reader=NvmlReader(
+        _nvml_with_usage([0] * 9, procs=[(os.getpid(), mine)])), device_key=uuid)
+    assert listed.process_bytes(other) == 0 and listed.process_bytes(os.getpid()) == mine
+    holding = DeviceMemory(torch.device("cuda"), reader=NvmlReader(
+        _nvml_with_usage([0] * 9, procs=[(os.getpid(), mine), (other, 536870912)])), device_key=uuid)
+    assert holding.process_bytes(other) == 536870912
+    hidden = DeviceMemory(torch.device("cuda"), reader=NvmlReader(
+        _nvml_with_usage([0] * 9, procs=[(1, 5 * 10**9)])), device_key=uuid)
+    assert hidden.process_bytes(other) is None and hidden.process_bytes(os.getpid()) is None
+    assert DeviceMemory(torch.device("cpu")).process_bytes(other) is None
+    cuda = torch.device("cuda")
+    assert recover.reference_start(cuda, cores=16, process_figures=True) == recover.WITH_STEPS
+    assert recover.reference_start(cuda, cores=16, process_figures=False) == recover.AFTER_STEPS
+
+
 def test_cpu_peak_rss_resets_per_phase():
     if not reset_peak_rss():
         pytest.skip("/proc/self/clear_refs not writable here")

@@ -249,6 +249,22 @@ class DeviceMemory:
         now = reader.device_used(key)
         return now - self.baseline_used if now is not None and self.baseline_used is not None else None
 
+    def process_bytes(self, pid: int) -> int | None:
+        """The device memory NVML (amdsmi) lists for process ``pid``, 0 where it lists this
+        process but not that one; None where there is no per-process figure here (then another
+        process's memory would count in this one's fallback reading)."""
+        if self.type != "cuda":
+            return None
+        reader, key = self._ensure_reader(), self._device_key()
+        if reader is None or key is None:
+            return None
+        try:
+            if reader.process_used(key, os.getpid()) is None:
+                return None
+            return reader.process_used(key, pid) or 0
+        except Exception:  # a reading that fails is no figure
+            return None
+
     def reset_peaks(self) -> None:
         if self.type == "cuda":
             import torch

@@ -303,16 +303,19 @@ WITH_STEPS = "with the measured steps"
 AFTER_STEPS = "when the measured steps ended"
 
 
-def reference_start(device: Any, cores: int | None = None) -> str:
+def reference_start(device: Any, cores: int | None = None, process_figures: bool = True) -> str:
     """When the trial starts a deterministic check's reference process (:func:`start_reference`).
 
     On an accelerator with cores to spare, with the measured steps: they wait on the device, and
     the process only imports (on its own core) and touches no device memory before its job, so
     its 10-20 s of imports are off the stage's path (at 8B they were longer than validation,
     checkpoint and fit together). On a CPU, or with fewer than four cores, when the steps end:
-    there the imports would take cores from the steps being measured."""
+    there the imports would take cores from the steps being measured. Likewise where the device
+    has no per-process memory figure (``process_figures``: the trial's reading would then be the
+    device's, and count a second process)."""
     cores = os.cpu_count() if cores is None else cores
-    return WITH_STEPS if device_type(device) != "cpu" and (cores or 1) >= 4 else AFTER_STEPS
+    spare = device_type(device) != "cpu" and (cores or 1) >= 4 and process_figures
+    return WITH_STEPS if spare else AFTER_STEPS
 
 
 def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN,

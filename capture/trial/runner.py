@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import logging
+import os
 import sys
 import time
 import warnings
@@ -214,6 +215,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     rec = None
     completed_steps = 0
     early_reference: Worker | None = None
+    reference_during_steps: int | None = None
     try:
         say(f"building the {config.method} workload on {device} ({name})")
         allocated_before = devmem.allocated_bytes(device)
@@ -253,7 +255,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
 
             w, n = config.warmup_steps, config.measured_steps
             if opts.recovery and config.recovery.enabled:
-                early_reference = _start_reference(config, device, workdir, with_steps=True)
+                early_reference = _start_reference(config, device, workdir, dm, with_steps=True)
             say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
                 rec = Recorder(device, warmup_steps=w, precision=config.precision.dtype,
@@ -275,6 +277,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                         early_reference.stop()
                         early_reference = None
                 completed_steps = rec.steps
+                if early_reference is not None:  # what it held while the steps were measured (0: nothing)
+                    reference_during_steps = dm.process_bytes(early_reference.proc.pid)
             result = rec.result
             trial["memory"] = measured.memory_table(est, result.memory, overhead, weights_measured, wl)
             trial["steps"] = result.steps_table()
@@ -288,7 +292,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                         "these steps are not a run to book on (check lr, precision and the data)")
 
             if oom is None and opts.recovery and config.recovery.enabled and early_reference is None:
-                early_reference = _start_reference(config, device, workdir, with_steps=False)
+                early_reference = _start_reference(config, device, workdir, dm, with_steps=False)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -325,6 +329,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say,
                                               early_reference)
                 early_reference = None  # stopped by the stage
+            if reference_during_steps is not None and "phases" in trial["recovery"]:
+                trial["recovery"]["phases"]["reference_device_bytes_during_steps"] = reference_during_steps
             _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
         if opts.scaling is not None:
@@ -492,14 +498,14 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
     return out
 
 
-def _start_reference(config: TrialConfig, device: Any, workdir: Path, with_steps: bool) -> Worker | None:
+def _start_reference(config: TrialConfig, device: Any, workdir: Path, dm: Any, with_steps: bool) -> Worker | None:
     """The recovery check's reference process, started early so that its imports overlap other
     work (capture.trial.recover.reference_start says when): with the measured steps where they
     wait on an accelerator and cores are spare, else once they end, while validation, checkpoint
     and fit run. None where it is not this moment's turn or the reference runs in the stage."""
     from capture.trial.recover import WITH_STEPS, reference_start, start_reference
 
-    when = reference_start(device)
+    when = reference_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
         return None
     return start_reference(config, device, workdir, when=when)
