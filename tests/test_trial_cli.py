@@ -337,6 +337,7 @@ def test_the_reference_process_starts_while_validation_and_checkpoint_run(tmp_pa
     assert rec["deterministic"]["enabled"] is True and rec["verdict"] == "bit-exact"
     assert phases["reference_started_early"] is True
     assert phases["reference_started"] == "when the measured steps ended"  # a CPU: the steps keep their cores
+    assert phases["restore_started"] == "when the measured steps ended" and phases["restore_start_wait_s"] >= 0
     # it was waiting before the stage began: at least validation and checkpoint ran in between
     between = t["cost"]["phases"]["validation_s"] + t["cost"]["phases"]["checkpoint_s"]
     assert phases["reference_head_start_s"] >= between > 0
@@ -366,6 +367,11 @@ def test_on_an_accelerator_the_reference_process_starts_with_the_measured_steps(
     assert phases["reference_started_early"] is True and phases["reference_started"] == "with the measured steps"
     cost = t["cost"]["phases"]
     assert phases["reference_head_start_s"] >= cost["steps_s"] + cost["validation_s"] + cost["checkpoint_s"] > 0
+    # the first restoring process too: its start is counted from the go-ahead the stage gave it
+    # (what its imports still took after that, then its early build)
+    assert phases["restore_started"] == "with the measured steps"
+    assert phases["restore_head_start_s"] >= cost["steps_s"] + cost["validation_s"] + cost["checkpoint_s"]
+    assert 0 <= phases["restore_start_wait_s"] <= phases["worker_start_s"]
 
 
 def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path, monkeypatch):
@@ -375,14 +381,14 @@ def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path
 
     monkeypatch.setattr(recover, "reference_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
     started: list[worker_proc.Worker] = []
-    real = recover.start_reference
+    real = recover.start_early
 
     def spy(*args, **kwargs):
-        worker = real(*args, **kwargs)
-        started.append(worker)
-        return worker
+        early = real(*args, **kwargs)
+        started.extend(early.workers().values())
+        return early
 
-    monkeypatch.setattr(recover, "start_reference", spy)
+    monkeypatch.setattr(recover, "start_early", spy)
     monkeypatch.setattr(runner, "is_oom", lambda exc: True)
     stopped_before_fit: list[bool] = []
     real_fit = runner._fit_table
@@ -402,6 +408,6 @@ def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path
     out = tmp_path / "oom.toml"
     assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
                  "--no-report", "-o", str(out)]) == 0
-    assert len(started) == 1 and stopped_before_fit == [True]
+    assert len(started) == 2 and stopped_before_fit == [True]  # the reference and the first restoring process
     t = _verified(out, tmp_path)["trial"]
     assert t["recovery"] == {"skipped": "the training step did not fit"}

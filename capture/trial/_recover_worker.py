@@ -5,7 +5,10 @@ Started by :class:`capture.trial.worker_proc.Worker`, it reads two JSON lines on
 1. the setup (``config``, ``device``, ``seed``, ``settings``, ``out``, ``plan``, and for a
    restoring process ``early_build``, ``snapshot`` and ``base``), sent at once, so that the
    imports happen while the parent works. A restoring process starts verifying a pretrained base's
-   files now, and with ``early_build`` builds its workload now (and hashes a rebuilt base);
+   files now, and with ``early_build`` builds its workload now (and hashes a rebuilt base).
+   A restoring process started before its stage has ``early_build = ON_GO``: after its imports
+   it waits for one more line, the go-ahead (``{"early_build": bool}``), and only then touches
+   files or the device;
 2. the job, ``kind`` one of (capture.trial.recover_steps):
 
    - ``reference``: the uninterrupted run that writes the checkpoint, in a process whose
@@ -96,8 +99,18 @@ def main() -> int:
             restorer = recover_steps.Restorer(config, device, int(setup["seed"]), plan, setup.get("snapshot", ()),
                                               expected)
         prewarm(config)
-        if restorer is not None and setup.get("early_build"):
-            restorer.build(early=True)
+        extra: dict[str, Any] = {}
+        if restorer is not None:
+            early = setup.get("early_build")
+            if early == recover_steps.ON_GO:  # started before its stage: imported, it waits for the go-ahead
+                extra["imports_done_at"] = time.time()
+                go = _read_message()
+                if go is None:
+                    return 0
+                early = go.get("early_build")
+            restorer.start_base_check()
+            if early:
+                restorer.build(early=True)
         scratch.pause_point(f"recovery.{setup.get('role', 'restore')}_ready")
         ready_at = time.time()
         job = _read_message()
@@ -114,7 +127,7 @@ def main() -> int:
             run = recover_steps.run_resume_again if job.get("kind") == "resume_again" else recover_steps.run_restore
             result = run(restorer, job)
             result["timings"] = restorer.timings
-        result["ready_at"] = ready_at
+        result.update(extra, ready_at=ready_at)
     except Exception as exc:  # the parent records the reason in the manifest; a traceback helps no one there
         reason = _reason(exc)
         atomic_write(out, json.dumps({"error": reason}).encode())

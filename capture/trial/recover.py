@@ -57,7 +57,7 @@ from capture.trial import recover_judge as rj
 from capture.trial.recover_judge import (  # noqa: F401  (the stage's vocabulary, used by the scaling step and tests)
     BAND_MARGIN, BIT_EXACT, compare_run, first_divergence, judge, max_loss_diff, run_to_run_band, verdict_text)
 from capture.trial.recover_steps import (  # noqa: F401
-    BASELINE, BASELINE_NAME, PLAN, Plan, Reference, run_reference, second_save_step)
+    BASELINE, BASELINE_NAME, ON_GO, PLAN, Plan, Reference, run_reference, second_save_step)
 from capture.trial.state import COMPONENTS, device_type
 from capture.trial.worker_proc import Worker, WorkerFailed  # noqa: F401
 
@@ -240,12 +240,12 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
                        sensitivity: bool | None = None, leave_out: Sequence[str] = (), plan: Plan = PLAN,
                        budget: MemoryBudget | None = None, models: Any = None,
                        progress: Callable[[str], None] | None = None,
-                       reference: Worker | None = None) -> dict[str, Any]:
+                       early: EarlyWorkers | None = None) -> dict[str, Any]:
     """Run the whole stage and return the ``[trial.recovery]`` table (layout: docs/trial.md).
 
     ``models``: the fingerprint's ``[[models]]`` (a LoRA base's recorded files); ``budget``: the
     trial's measured memory (early builds); ``progress``: where the phase table is printed;
-    ``reference``: a reference process from :func:`start_reference` (stopped here in any case)."""
+    ``early``: fresh processes from :func:`start_early` (stopped here in any case)."""
     t_start = time.perf_counter()
     k, n, withhold, configured, seed = _recovery_settings(config)
     sensitivity = configured if sensitivity is None else sensitivity
@@ -261,7 +261,7 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     args = (config, device, workdir, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s, plan,
             _early(plan, budget, device), expected)
     try:
-        table = _attempt(det, *args, early_reference=reference)
+        table = _attempt(det, *args, early=early)
         op = no_deterministic_op(str(table.get("verdict", "")).removeprefix("failed: "))
         if det.enabled and op is not None:
             log.warning("recovery: %s has no deterministic implementation; running again with the run's settings", op)
@@ -270,8 +270,8 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
             table["deterministic"]["fallback_op"] = op
     finally:
         outer.apply()
-        if reference is not None:
-            reference.stop()
+        if early is not None:
+            early.stop()
     if base_skipped:
         table["base_model"] = {"skipped": base_skipped}
     table["elapsed_s"] = time.perf_counter() - t_start
@@ -318,21 +318,47 @@ def reference_start(device: Any, cores: int | None = None, process_figures: bool
     return WITH_STEPS if spare else AFTER_STEPS
 
 
-def start_reference(config: Any, device: Any, workdir: Path, plan: Plan = PLAN,
-                    when: str = AFTER_STEPS) -> Worker | None:
-    """The reference process of a deterministic check, started before the stage (``when``: see
-    :func:`reference_start`), so that its imports cost the stage no wall time; it touches no
-    device memory before its job. None where the reference runs in this process. The caller
-    decides that the stage will run, and stops it in ``finally``; :func:`run_recoverability` takes
-    it (``reference=``) and uses it only where its setup is exactly the one the stage would give a
-    fresh one."""
+@dataclass
+class EarlyWorkers:
+    """The stage's fresh processes, started before it (:func:`start_early`) so that their imports
+    overlap other work: the reference (deterministic checks) and the first restoring process,
+    which waits for its go-ahead before it touches files or the device."""
+
+    when: str
+    reference: Worker | None = None
+    restore: Worker | None = None
+
+    def workers(self) -> dict[str, Worker]:
+        return {name: w for name, w in (("reference", self.reference), ("restore", self.restore)) if w is not None}
+
+    def stop(self) -> None:
+        for w in self.workers().values():
+            w.stop()
+
+
+def start_early(config: Any, device: Any, workdir: Path, models: Any = None, plan: Plan = PLAN,
+                when: str = AFTER_STEPS) -> EarlyWorkers | None:
+    """The stage's fresh processes, started before it (``when``: see :func:`reference_start`):
+    they only import until the stage gives them their work, and touch no device memory before.
+    None where there is nothing to start. The caller decides that the stage will run and stops
+    them in ``finally``; :func:`run_recoverability` takes them (``early=``) and uses each only
+    where its setup is exactly the one the stage would give a fresh one."""
     outer = GlobalSettings.current()
     det = resolve_determinism(config.recovery.deterministic, device, outer)
-    if not det.enabled:
-        return None
     folder = Path(workdir) / "recovery"
     folder.mkdir(parents=True, exist_ok=True)
-    return Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env, started=when)
+    early = EarlyWorkers(when)
+    if det.enabled:
+        early.reference = Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env,
+                                 started=when)
+    try:
+        expected = base.expect(config, models) if plan.adapter_only else None
+    except Exception:  # the stage says why the base cannot be verified; its process starts then
+        return early if early.workers() else None
+    _, _, withhold, sensitivity, seed = _recovery_settings(config)
+    early.restore = Worker("restore", _restore_setup(config, device, seed, _worker_settings(outer, device, det), plan,
+                                                     expected, withhold, sensitivity), folder, det.env, started=when)
+    return early
 
 
 def _reference_setup(config: Any, device: Any, outer: GlobalSettings, det: Determinism, plan: Plan) -> dict[str, Any]:
@@ -341,10 +367,35 @@ def _reference_setup(config: Any, device: Any, outer: GlobalSettings, det: Deter
                   "reference")
 
 
+def _restore_setup(config: Any, device: Any, seed: int, settings: GlobalSettings, plan: Plan,
+                   expected: base.Expectation | None, withhold: Sequence[str], sensitivity: bool) -> dict[str, Any]:
+    """The first restoring process's setup, its early build left to the go-ahead (ON_GO): the
+    same for one started early and one started by the stage."""
+    snapshot = ["optimizer", "scheduler", "scaler", "data_position"]
+    if "model" in withhold or sensitivity:
+        snapshot.append("model")
+    return _setup(config, device, seed, settings, plan, "restore", early_build=ON_GO,
+                  base=expected.to_json() if expected else None, snapshot=snapshot)
+
+
+def _adopt(early: EarlyWorkers | None, name: str, wanted: Mapping[str, Any], workdir: Path,
+           env: Mapping[str, str]) -> Worker | None:
+    """The process started early for ``name``, if it is still alive and set up exactly as the
+    stage would set up a fresh one; else None (and it is stopped)."""
+    worker = early.workers().get(name) if early is not None else None
+    if worker is None:
+        return None
+    if worker.setup == dict(wanted) and worker.env == dict(env) and worker.out.parent == workdir \
+            and worker.proc.poll() is None:
+        return worker
+    worker.stop()
+    return None
+
+
 def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
              withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
-             timeout_s: float | None, plan: Plan, early: bool, expected: base.Expectation | None,
-             early_reference: Worker | None = None) -> dict[str, Any]:
+             timeout_s: float | None, plan: Plan, build_early: bool, expected: base.Expectation | None,
+             early: EarlyWorkers | None = None) -> dict[str, Any]:
     fmt = config.checkpoint.format
     checkpoint = workdir / checkpoint_io.file_name(fmt)
     settings = _worker_settings(outer, device, det)
@@ -355,31 +406,30 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                              "plan": {"checkpoint": "adapter" if plan.adapter_only and config.method == "lora" else "full",
                                       "restore": "one build, reloaded per restore" if plan.reload else
                                                  "a fresh build per restore",
-                                      "early_build": early}}
+                                      "early_build": build_early}}
     if device_type(device) == "cpu":
         table["cpu_threads"] = settings.num_threads
-    snapshot = ["optimizer", "scheduler", "scaler", "data_position"]
-    if "model" in withhold or sensitivity:
-        snapshot.append("model")
-    restore = Worker("restore", _setup(config, device, seed, settings, plan, "restore", early_build=early,
-                                       base=expected.to_json() if expected else None, snapshot=snapshot), workdir,
-                     det.env)
-    again: Worker | None = None
     phases: dict[str, Any] = {}
     table["phases"] = phases
+    wanted = _restore_setup(config, device, seed, settings, plan, expected, withhold, sensitivity)
+    restore = _adopt(early, "restore", wanted, workdir, det.env)
+    if restore is not None:  # imported already: it goes on to its early build (or waits for its job)
+        restore.go({"early_build": build_early})
+        phases["restore_started"] = restore.started
+        phases["restore_head_start_s"] = (restore.go_sent_at or restore.spawned_at) - restore.spawned_at
+    else:
+        restore = Worker("restore", dict(wanted, early_build=build_early), workdir, det.env)
+    again: Worker | None = None
     try:
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
         t0 = time.perf_counter()
         if det.enabled:  # a fresh process, so that the environment is there before CUDA starts
             wanted = _reference_setup(config, device, outer, det, plan)
-            if early_reference is not None and early_reference.setup == wanted and early_reference.env == det.env \
-                    and early_reference.out.parent == workdir and early_reference.proc.poll() is None:
-                ref_worker = early_reference
+            ref_worker = _adopt(early, "reference", wanted, workdir, det.env)
+            if ref_worker is not None:
                 phases["reference_started_early"] = True
-                phases["reference_started"] = early_reference.started
+                phases["reference_started"] = ref_worker.started
             else:
-                if early_reference is not None:
-                    early_reference.stop()
                 ref_worker = Worker("reference", wanted, workdir, det.env)
             try:
                 ref_worker.start_job({"kind": "reference", "checkpoint": str(checkpoint), "save_at_step": k,
@@ -418,7 +468,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
         if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
             again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                                  early_build=early, snapshot=[]), workdir, det.env)
+                                                  early_build=build_early, snapshot=[]), workdir, det.env)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:
@@ -459,6 +509,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
     if wait:
         phases["worker_start_wait_s"] = wait
         phases["overlapped"].remove("worker_start")
+    go_wait = restore.go_wait_s(result)  # what its imports still cost, when it was started early
+    if go_wait is not None:
+        phases["restore_start_wait_s"] = go_wait
     return table
 
 

@@ -43,6 +43,9 @@ class Plan:
 
 
 PLAN = Plan()
+# A restoring process started before its stage: its setup says this instead of early_build, and
+# it waits (imported) for the go-ahead, which says whether to build early.
+ON_GO = "on the go-ahead"
 BASELINE = Plan(adapter_only=False, reload=False, early_build=False, resume_again=False)
 BASELINE_NAME = "full-state checkpoint, a fresh build per restore (the path before issue 24)"
 
@@ -167,7 +170,7 @@ class Restorer:
 
     ``snapshot``: the components to keep as built (state.as_built), so that a withheld component
     can be put back as a fresh build would have it after the workload trained. ``expected``: the
-    base to verify (files: hashed in a thread from now on; rebuilt: after the build)."""
+    base to verify (files: hashed in a thread from :meth:`start_base_check` on; rebuilt: after the build)."""
 
     def __init__(self, config: Any, device: Any, seed: int, plan: Plan, snapshot: Sequence[str] = (),
                  expected: base.Expectation | None = None) -> None:
@@ -179,8 +182,13 @@ class Restorer:
         self.used = False
         self.built_early = False
         self.timings: dict[str, float] = {}
-        self._files = base.FileCheck(expected) if expected is not None and expected.kind == base.FILES else None
+        self._files: base.FileCheck | None = None
         self._rebuilt: base.RebuiltCheck | None = None
+
+    def start_base_check(self) -> None:
+        """Start hashing a pretrained base's files (in a thread); a rebuilt base is checked after the build."""
+        if self.expected is not None and self.expected.kind == base.FILES and self._files is None:
+            self._files = base.FileCheck(self.expected)
 
     def add(self, name: str, seconds: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + seconds

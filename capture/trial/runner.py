@@ -50,7 +50,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from capture.fmt import bytes_str
 from capture import manifest as mf
@@ -60,7 +60,9 @@ from capture.trial import measured, scratch, state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
 from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
-from capture.trial.worker_proc import Worker
+
+if TYPE_CHECKING:
+    from capture.trial.recover import EarlyWorkers
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +216,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     est = None
     rec = None
     completed_steps = 0
-    early_reference: Worker | None = None
-    reference_during_steps: int | None = None
+    early: EarlyWorkers | None = None
+    early_device_bytes: dict[str, int] = {}
     try:
         say(f"building the {config.method} workload on {device} ({name})")
         allocated_before = devmem.allocated_bytes(device)
@@ -255,7 +257,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
 
             w, n = config.warmup_steps, config.measured_steps
             if opts.recovery and config.recovery.enabled:
-                early_reference = _start_reference(config, device, workdir, dm, with_steps=True)
+                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=True)
             say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
                 rec = Recorder(device, warmup_steps=w, precision=config.precision.dtype,
@@ -273,12 +275,14 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                     if not is_oom(exc):
                         raise
                     oom, failed_at = oom_text(exc), f"training step {rec.steps + 1} of {w + n}"
-                    if early_reference is not None:  # no recovery stage follows
-                        early_reference.stop()
-                        early_reference = None
+                    if early is not None:  # no recovery stage follows
+                        early.stop()
+                        early = None
                 completed_steps = rec.steps
-                if early_reference is not None:  # what it held while the steps were measured (0: nothing)
-                    reference_during_steps = dm.process_bytes(early_reference.proc.pid)
+                for role, worker in (early.workers() if early is not None else {}).items():
+                    held = dm.process_bytes(worker.proc.pid)  # what it held while the steps were measured
+                    if held is not None:
+                        early_device_bytes[role] = held
             result = rec.result
             trial["memory"] = measured.memory_table(est, result.memory, overhead, weights_measured, wl)
             trial["steps"] = result.steps_table()
@@ -291,8 +295,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                     say(f"the loss is not finite from measured step {trial['stats']['loss_first_nonfinite_step']}: "
                         "these steps are not a run to book on (check lr, precision and the data)")
 
-            if oom is None and opts.recovery and config.recovery.enabled and early_reference is None:
-                early_reference = _start_reference(config, device, workdir, dm, with_steps=False)
+            if oom is None and opts.recovery and config.recovery.enabled and early is None:
+                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=False)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -326,11 +330,10 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         else:
             say("recoverability: checkpoint, restore in a fresh process, compare")
             with timer.phase("recovery"):
-                trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say,
-                                              early_reference)
-                early_reference = None  # stopped by the stage
-            if reference_during_steps is not None and "phases" in trial["recovery"]:
-                trial["recovery"]["phases"]["reference_device_bytes_during_steps"] = reference_during_steps
+                trial["recovery"] = _recovery(config, device, workdir, trial, manifest.get("models"), say, early)
+                early = None  # stopped by the stage
+            if early_device_bytes and "phases" in trial["recovery"]:
+                trial["recovery"]["phases"]["device_bytes_during_steps"] = early_device_bytes
             _determinism_cost(trial["recovery"], trial.get("stats", {}))
 
         if opts.scaling is not None:
@@ -364,8 +367,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
         write_manifest(output, manifest, opts.key, opts.principal)
         written = True
     finally:
-        if early_reference is not None:
-            early_reference.stop()
+        if early is not None:
+            early.stop()
         if wl is not None:
             del wl
         scratch.remove(workdir)
@@ -498,26 +501,28 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
     return out
 
 
-def _start_reference(config: TrialConfig, device: Any, workdir: Path, dm: Any, with_steps: bool) -> Worker | None:
-    """The recovery check's reference process, started early so that its imports overlap other
+def _start_early(config: TrialConfig, device: Any, workdir: Path, dm: Any, models: Any,
+                 with_steps: bool) -> EarlyWorkers | None:
+    """The recovery stage's fresh processes, started early so that their imports overlap other
     work (capture.trial.recover.reference_start says when): with the measured steps where they
-    wait on an accelerator and cores are spare, else once they end, while validation, checkpoint
-    and fit run. None where it is not this moment's turn or the reference runs in the stage."""
-    from capture.trial.recover import WITH_STEPS, reference_start, start_reference
+    wait on an accelerator, cores are spare and the device gives per-process memory figures,
+    else once they end, while validation, checkpoint and fit run. None where it is not this
+    moment's turn or there is nothing to start."""
+    from capture.trial.recover import WITH_STEPS, reference_start, start_early
 
     when = reference_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
         return None
-    return start_reference(config, device, workdir, when=when)
+    return start_early(config, device, workdir, models, when=when)
 
 
 def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, Any], models: Any,
-              say: Callable[[str], None], reference: Worker | None) -> dict[str, Any]:
+              say: Callable[[str], None], early: EarlyWorkers | None) -> dict[str, Any]:
     from capture.trial.recover import budget_from_trial, run_recoverability
 
     try:
         return run_recoverability(config, device, workdir, budget=budget_from_trial(trial), models=models,
-                                  progress=say, reference=reference)
+                                  progress=say, early=early)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
         from capture.errors import CaptureError
 

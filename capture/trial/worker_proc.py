@@ -37,6 +37,7 @@ class Worker:
         self.out = workdir / f"{name}.result.json"
         self.err = workdir / f"{name}.stderr.txt"
         self.job_sent_at: float | None = None
+        self.go_sent_at: float | None = None  # a worker started before its stage: when the stage let it go on
         self.setup, self.env = dict(setup), dict(env or {})
         environ = dict(os.environ, **self.env)
         package_root = str(Path(__file__).resolve().parents[2])
@@ -54,6 +55,11 @@ class Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass  # it died; result() reports why
+
+    def go(self, message: Mapping[str, Any]) -> None:
+        """The go-ahead that a worker started before its stage waits for once it has imported."""
+        self.go_sent_at = time.time()
+        self._send(message)
 
     def start_job(self, job: Mapping[str, Any]) -> None:
         self.job_sent_at = time.time()
@@ -96,6 +102,15 @@ class Worker:
         return max(0.0, float(ready) - self.job_sent_at)
 
     def start_s(self, result: Mapping[str, Any]) -> float | None:
-        """Seconds from the spawn until the worker was ready for its job (imports, prewarm, an early build)."""
+        """Seconds from the spawn (from the go-ahead, for one started before its stage) until the
+        worker was ready for its job (imports, prewarm, an early build)."""
         ready = result.get("ready_at")
-        return float(ready) - self.spawned_at if isinstance(ready, (int, float)) else None
+        since = self.go_sent_at if self.go_sent_at is not None else self.spawned_at
+        return max(0.0, float(ready) - since) if isinstance(ready, (int, float)) else None
+
+    def go_wait_s(self, result: Mapping[str, Any]) -> float | None:
+        """Seconds the go-ahead waited for the worker's imports (0 when they were done first)."""
+        done = result.get("imports_done_at")
+        if not isinstance(done, (int, float)) or self.go_sent_at is None:
+            return None
+        return max(0.0, float(done) - self.go_sent_at)
