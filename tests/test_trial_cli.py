@@ -354,10 +354,10 @@ def test_on_an_accelerator_the_reference_process_starts_with_the_measured_steps(
     the stage used, and it had the steps' time as well."""
     from capture.trial import recover
 
-    assert recover.reference_start(torch.device("cpu"), cores=64) == recover.AFTER_STEPS
-    assert recover.reference_start(torch.device("cuda"), cores=2) == recover.AFTER_STEPS
-    assert recover.reference_start(torch.device("cuda"), cores=16) == recover.WITH_STEPS
-    monkeypatch.setattr(recover, "reference_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
+    assert recover.early_start(torch.device("cpu"), cores=64) == recover.AFTER_STEPS
+    assert recover.early_start(torch.device("cuda"), cores=2) == recover.AFTER_STEPS
+    assert recover.early_start(torch.device("cuda"), cores=16) == recover.WITH_STEPS
+    monkeypatch.setattr(recover, "early_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
     out = tmp_path / "det.toml"
     assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
                  "--no-report", "-o", str(out)]) == 0
@@ -379,7 +379,7 @@ def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path
     is stopped at once (not left waiting on its stdin until the trial ends)."""
     from capture.trial import recover, runner, worker_proc
 
-    monkeypatch.setattr(recover, "reference_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
+    monkeypatch.setattr(recover, "early_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
     started: list[worker_proc.Worker] = []
     real = recover.start_early
 

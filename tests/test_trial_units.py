@@ -369,8 +369,8 @@ def test_another_process_device_memory_is_read_only_where_the_driver_lists_this_
     assert hidden.process_bytes(other) is None and hidden.process_bytes(os.getpid()) is None
     assert DeviceMemory(torch.device("cpu")).process_bytes(other) is None
     cuda = torch.device("cuda")
-    assert recover.reference_start(cuda, cores=16, process_figures=True) == recover.WITH_STEPS
-    assert recover.reference_start(cuda, cores=16, process_figures=False) == recover.AFTER_STEPS
+    assert recover.early_start(cuda, cores=16, process_figures=True) == recover.WITH_STEPS
+    assert recover.early_start(cuda, cores=16, process_figures=False) == recover.AFTER_STEPS
 
 
 def test_cpu_peak_rss_resets_per_phase():

@@ -303,12 +303,12 @@ WITH_STEPS = "with the measured steps"
 AFTER_STEPS = "when the measured steps ended"
 
 
-def reference_start(device: Any, cores: int | None = None, process_figures: bool = True) -> str:
-    """When the trial starts a deterministic check's reference process (:func:`start_reference`).
+def early_start(device: Any, cores: int | None = None, process_figures: bool = True) -> str:
+    """When the trial starts the recovery stage's fresh processes (:func:`start_early`).
 
     On an accelerator with cores to spare, with the measured steps: they wait on the device, and
-    the process only imports (on its own core) and touches no device memory before its job, so
-    its 10-20 s of imports are off the stage's path (at 8B they were longer than validation,
+    the processes only import (on cores of their own) and touch no device memory before their
+    work, so their 10-20 s of imports are off the stage's path (at 8B they were longer than validation,
     checkpoint and fit together). On a CPU, or with fewer than four cores, when the steps end:
     there the imports would take cores from the steps being measured. Likewise where the device
     has no per-process memory figure (``process_figures``: the trial's reading would then be the
@@ -324,7 +324,6 @@ class EarlyWorkers:
     overlap other work: the reference (deterministic checks) and the first restoring process,
     which waits for its go-ahead before it touches files or the device."""
 
-    when: str
     reference: Worker | None = None
     restore: Worker | None = None
 
@@ -338,7 +337,7 @@ class EarlyWorkers:
 
 def start_early(config: Any, device: Any, workdir: Path, models: Any = None, plan: Plan = PLAN,
                 when: str = AFTER_STEPS) -> EarlyWorkers | None:
-    """The stage's fresh processes, started before it (``when``: see :func:`reference_start`):
+    """The stage's fresh processes, started before it (``when``: see :func:`early_start`):
     they only import until the stage gives them their work, and touch no device memory before.
     None where there is nothing to start. The caller decides that the stage will run and stops
     them in ``finally``; :func:`run_recoverability` takes them (``early=``) and uses each only
@@ -347,7 +346,7 @@ def start_early(config: Any, device: Any, workdir: Path, models: Any = None, pla
     det = resolve_determinism(config.recovery.deterministic, device, outer)
     folder = Path(workdir) / "recovery"
     folder.mkdir(parents=True, exist_ok=True)
-    early = EarlyWorkers(when)
+    early = EarlyWorkers()
     if det.enabled:
         early.reference = Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env,
                                  started=when)
@@ -416,7 +415,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
     if restore is not None:  # imported already: it goes on to its early build (or waits for its job)
         restore.go({"early_build": build_early})
         phases["restore_started"] = restore.started
-        phases["restore_head_start_s"] = (restore.go_sent_at or restore.spawned_at) - restore.spawned_at
+        phases["restore_head_start_s"] = restore.head_start_s()
     else:
         restore = Worker("restore", dict(wanted, early_build=build_early), workdir, det.env)
     again: Worker | None = None
@@ -441,8 +440,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                 return table
             finally:
                 ref_worker.stop()
-            if ref_worker.job_sent_at is not None:  # from its start to its job: the time its imports had
-                phases["reference_head_start_s"] = ref_worker.job_sent_at - ref_worker.spawned_at
+            head_start = ref_worker.head_start_s()  # from its start to its job: the time its imports had
+            if head_start is not None:
+                phases["reference_head_start_s"] = head_start
             wait = ref_worker.job_wait_s(ref_result)  # what its imports still cost (0 when it started early enough)
             if wait is not None:
                 phases["reference_start_wait_s"] = wait

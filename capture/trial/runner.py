@@ -504,13 +504,13 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
 def _start_early(config: TrialConfig, device: Any, workdir: Path, dm: Any, models: Any,
                  with_steps: bool) -> EarlyWorkers | None:
     """The recovery stage's fresh processes, started early so that their imports overlap other
-    work (capture.trial.recover.reference_start says when): with the measured steps where they
+    work (capture.trial.recover.early_start says when): with the measured steps where they
     wait on an accelerator, cores are spare and the device gives per-process memory figures,
     else once they end, while validation, checkpoint and fit run. None where it is not this
     moment's turn or there is nothing to start."""
-    from capture.trial.recover import WITH_STEPS, reference_start, start_early
+    from capture.trial.recover import WITH_STEPS, early_start, start_early
 
-    when = reference_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
+    when = early_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
         return None
     return start_early(config, device, workdir, models, when=when)

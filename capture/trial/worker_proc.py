@@ -94,12 +94,14 @@ class Worker:
             except OSError:
                 pass
 
+    def head_start_s(self) -> float | None:
+        """Seconds from the spawn until the stage first gave it work (the go-ahead, else the job)."""
+        sent = self.go_sent_at if self.go_sent_at is not None else self.job_sent_at
+        return sent - self.spawned_at if sent is not None else None
+
     def job_wait_s(self, result: Mapping[str, Any]) -> float | None:
         """Seconds its job waited for the worker to be ready (0 when it was ready first)."""
-        ready = result.get("ready_at")
-        if not isinstance(ready, (int, float)) or self.job_sent_at is None:
-            return None
-        return max(0.0, float(ready) - self.job_sent_at)
+        return _waited(result.get("ready_at"), self.job_sent_at)
 
     def start_s(self, result: Mapping[str, Any]) -> float | None:
         """Seconds from the spawn (from the go-ahead, for one started before its stage) until the
@@ -110,7 +112,11 @@ class Worker:
 
     def go_wait_s(self, result: Mapping[str, Any]) -> float | None:
         """Seconds the go-ahead waited for the worker's imports (0 when they were done first)."""
-        done = result.get("imports_done_at")
-        if not isinstance(done, (int, float)) or self.go_sent_at is None:
-            return None
-        return max(0.0, float(done) - self.go_sent_at)
+        return _waited(result.get("imports_done_at"), self.go_sent_at)
+
+
+def _waited(done_at: Any, sent_at: float | None) -> float | None:
+    """How long a message sent at ``sent_at`` waited for the worker's ``done_at`` (wall clock, 0 if it was first)."""
+    if not isinstance(done_at, (int, float)) or sent_at is None:
+        return None
+    return max(0.0, float(done_at) - sent_at)
