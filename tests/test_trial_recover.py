@@ -462,6 +462,29 @@ def test_deterministic_mode_runs_the_reference_in_a_fresh_process_too(tmp_path):
     assert not torch.are_deterministic_algorithms_enabled()  # this process keeps its own settings
 
 
+def test_early_processes_do_not_outlive_a_failed_start(tmp_path, monkeypatch):
+    """The reference is started first; when starting the restoring process fails, the reference
+    (held by no one yet) is stopped before the error leaves start_early."""
+    started: list[recover.Worker] = []
+    real_init = recover.Worker.__init__
+
+    def spawn(self, name, *args, **kwargs):
+        if name == "restore":
+            raise OSError("no more processes")
+        real_init(self, name, *args, **kwargs)
+        started.append(self)
+
+    monkeypatch.setattr(recover.Worker, "__init__", spawn)
+    with pytest.raises(OSError, match="no more processes"):
+        recover.start_early(_config(tmp_path, deterministic=True), CPU, tmp_path)
+    try:
+        assert [w.name for w in started] == ["reference"]
+        assert started[0].proc.poll() is not None  # stopped, not left waiting on its stdin
+    finally:
+        for worker in started:
+            worker.stop()
+
+
 @pytest.mark.parametrize("fmt", ["safetensors", "dcp", "dcp-async"])
 def test_every_checkpoint_format_restores_every_component(trained, tmp_path, fmt):
     cfg, wl, _, _, _ = trained

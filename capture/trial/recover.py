@@ -347,16 +347,21 @@ def start_early(config: Any, device: Any, workdir: Path, models: Any = None, pla
     folder = Path(workdir) / "recovery"
     folder.mkdir(parents=True, exist_ok=True)
     early = EarlyWorkers()
-    if det.enabled:
-        early.reference = Worker("reference", _reference_setup(config, device, outer, det, plan), folder, det.env,
-                                 started=when)
     try:
-        expected = base.expect(config, models) if plan.adapter_only else None
-    except Exception:  # the stage says why the base cannot be verified; its process starts then
-        return early if early.workers() else None
-    _, _, withhold, sensitivity, seed = _recovery_settings(config)
-    early.restore = Worker("restore", _restore_setup(config, device, seed, _worker_settings(outer, device, det), plan,
-                                                     expected, withhold, sensitivity), folder, det.env, started=when)
+        if det.enabled:
+            early.reference = Worker("reference", _reference_setup(config, device, outer, det, plan), folder,
+                                     det.env, started=when)
+        try:
+            expected = base.expect(config, models) if plan.adapter_only else None
+        except Exception:  # the stage says why the base cannot be verified; its process starts then
+            return early if early.workers() else None
+        _, _, withhold, sensitivity, seed = _recovery_settings(config)
+        early.restore = Worker("restore", _restore_setup(config, device, seed, _worker_settings(outer, device, det),
+                                                         plan, expected, withhold, sensitivity), folder, det.env,
+                               started=when)
+    except BaseException:  # nobody else holds them yet: a process already started must not outlive this
+        early.stop()
+        raise
     return early
 
 
@@ -410,14 +415,14 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         table["cpu_threads"] = settings.num_threads
     phases: dict[str, Any] = {}
     table["phases"] = phases
-    wanted = _restore_setup(config, device, seed, settings, plan, expected, withhold, sensitivity)
-    restore = _adopt(early, "restore", wanted, workdir, det.env)
+    restore_setup = _restore_setup(config, device, seed, settings, plan, expected, withhold, sensitivity)
+    restore = _adopt(early, "restore", restore_setup, workdir, det.env)
     if restore is not None:  # imported already: it goes on to its early build (or waits for its job)
         restore.go({"early_build": build_early})
         phases["restore_started"] = restore.started
         phases["restore_head_start_s"] = restore.head_start_s()
     else:
-        restore = Worker("restore", dict(wanted, early_build=build_early), workdir, det.env)
+        restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir, det.env)
     again: Worker | None = None
     try:
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
