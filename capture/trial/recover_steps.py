@@ -301,26 +301,23 @@ def _state_check(r: Restorer, k: int, applicable: Sequence[str]) -> dict[str, st
 
 def _pinned(host: dict[str, Any], device: Any) -> dict[str, Any]:
     """The host copy in page-locked memory on CUDA (each restore then copies at full PCIe speed);
-    as it was when pinning fails (a host short of lockable memory)."""
+    as it was when pinning fails (a host short of lockable memory). ``device`` is made current
+    first: this runs in a thread of its own."""
     if device_type(device) != "cuda":
         return host
+    import torch
+
     try:
-        return state.pin(host)
+        with torch.cuda.device(device):
+            return state.pin(host)
     except RuntimeError:
         return host
 
 
 def _pinned_timed(host: dict[str, Any], device: Any) -> tuple[dict[str, Any], float]:
-    """:func:`_pinned` in a thread of its own (the caller's device made current there) and how
-    long it took."""
+    """:func:`_pinned` and how long it took."""
     t0 = time.perf_counter()
-    if device_type(device) == "cuda":
-        import torch
-
-        with torch.cuda.device(device):
-            host = _pinned(host, device)
-    else:
-        host = _pinned(host, device)
+    host = _pinned(host, device)
     return host, time.perf_counter() - t0
 
 
