@@ -19,6 +19,7 @@ from capture import signing
 from capture._cli import main
 from capture.errors import EXIT_USAGE
 from capture.trial.config import example_names, load_example
+from capture.trial.recover_steps import MAPPED_READ
 
 SMALL = """
 [trial]
@@ -148,7 +149,8 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
 
     budget = budget_from_trial(t)
     assert budget is not None and budget.peak_bytes == f["measured_bytes"] and budget.fits_early_build()
-    assert rec["plan"] == {"checkpoint": "full", "restore": "one build, reloaded per restore", "early_build": True}
+    assert rec["plan"] == {"checkpoint": "full", "restore": "one build, reloaded per restore", "early_build": True,
+                           "host_memory": "default (a CPU trial)", "second_read": MAPPED_READ}
     assert rec["data_order"]["equal"] is True and rec["resume_again"]["verdict"] == "bit-exact"
     from test_docs import undocumented
 

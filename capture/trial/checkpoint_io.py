@@ -125,14 +125,16 @@ def save(state: Mapping[str, Any], path: Path, fmt: str = "torch.save", device_t
     return SaveTiming(fmt, path, size_of(path), blocked, durable)
 
 
-def load(path: Path, fmt: str = "torch.save") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save` back, every tensor on the CPU."""
+def load(path: Path, fmt: str = "torch.save", mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` back, every tensor on the CPU. ``mmap``: a
+    ``torch.save`` file is mapped, not copied (its pages are the tensors; unlinking the file then
+    frees nothing until the tensors go, so only a reader that writes no checkpoint after uses it)."""
     path = Path(path)
     if fmt == "torch.save":
         import torch
 
         # weights_only: the file holds only tensors and plain containers (see capture.trial.state).
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if fmt == "safetensors":
         from safetensors import safe_open
 

@@ -57,7 +57,8 @@ from capture.trial import recover_judge as rj
 from capture.trial.recover_judge import (  # noqa: F401  (the stage's vocabulary, used by the scaling step and tests)
     BAND_MARGIN, BIT_EXACT, compare_run, first_divergence, judge, max_loss_diff, run_to_run_band, verdict_text)
 from capture.trial.recover_steps import (  # noqa: F401
-    BASELINE, BASELINE_NAME, ON_GO, PLAN, Plan, Reference, run_reference, second_save_step)
+    BASELINE, BASELINE_NAME, MAPPED_READ, ON_GO, PLAN, Plan, Reference, reader_env, run_reference,
+    second_save_step)
 from capture.trial.state import COMPONENTS, device_type
 from capture.trial.worker_proc import Worker, WorkerFailed  # noqa: F401
 
@@ -357,8 +358,8 @@ def start_early(config: Any, device: Any, workdir: Path, models: Any = None, pla
             return early if early.workers() else None
         _, _, withhold, sensitivity, seed = _recovery_settings(config)
         early.restore = Worker("restore", _restore_setup(config, device, seed, _worker_settings(outer, device, det),
-                                                         plan, expected, withhold, sensitivity), folder, det.env,
-                               started=when)
+                                                         plan, expected, withhold, sensitivity), folder,
+                               reader_env(det.env, device), started=when)
     except BaseException:  # nobody else holds them yet: a process already started must not outlive this
         early.stop()
         raise
@@ -411,18 +412,21 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                                       "restore": "one build, reloaded per restore" if plan.reload else
                                                  "a fresh build per restore",
                                       "early_build": build_early}}
+    if fmt == "torch.save" and k2 is not None:
+        table["plan"]["second_read"] = MAPPED_READ
     if device_type(device) == "cpu":
         table["cpu_threads"] = settings.num_threads
     phases: dict[str, Any] = {}
     table["phases"] = phases
     restore_setup = _restore_setup(config, device, seed, settings, plan, expected, withhold, sensitivity)
-    restore = _adopt(early, "restore", restore_setup, workdir, det.env)
+    restore = _adopt(early, "restore", restore_setup, workdir, reader_env(det.env, device))
     if restore is not None:  # imported already: it goes on to its early build (or waits for its job)
         restore.go({"early_build": build_early})
         phases["restore_started"] = restore.started
         phases["restore_head_start_s"] = restore.head_start_s()
     else:
-        restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir, det.env)
+        restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir,
+                         reader_env(det.env, device))
     again: Worker | None = None
     try:
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
@@ -473,7 +477,8 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
         if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
             again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                                  early_build=build_early, snapshot=[]), workdir, det.env)
+                                                  early_build=build_early, snapshot=[]), workdir,
+                           reader_env(det.env, device))
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:
@@ -481,6 +486,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
             log.warning("recovery: restore failed (%s)", exc.reason)
             return table
         phases["restore_wall_s"] = time.perf_counter() - t0
+        table["plan"]["host_memory"] = result.get("host_memory")  # as the restoring process had it
         started = restore.start_s(result)
         if started is not None:
             phases["worker_start_s"] = started
