@@ -19,6 +19,7 @@ QUICK = {
                           ("baseline", "overhead")),
     "estimate_speed.py": (["--examples", "tiny,llama-1b", "--cold", "0"], ("replays base", "speed-up", "llama-1b")),
     "host_copy.py": (["--gib", "0.25"], ("default s", "read/thp", "read-mmap/default")),
+    "tokenize_speed.py": (["--quick"], ("ratio against the baseline", "ids equal")),
     "find_max_batch.py": (["--quick"], ("ratio against the baseline", "capped at 64", "peak resident memory")),
     "recovery_phases.py": (["--quick"], ("ratio against the baseline", "second resume",
                                          "verdicts: baseline bit-exact, now bit-exact, one resume bit-exact")),

@@ -5,6 +5,7 @@ by transformers; chat data from a real tokenizer built here with its chat templa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import torch
 from capture._cli import main
 from capture.errors import ConfigError
 from capture.trial.build.data import IGNORE
-from capture.trial.config import parse
+from capture.trial.config import load_example, parse
 from capture.trial.workload import build_workload
 from tiny_tokenizer import save_tiny_tokenizer
 
@@ -258,6 +259,25 @@ def _model_with_chat_tokenizer(folder: Path) -> None:
     save_tiny_tokenizer(folder, ["how do I pack a batch? pad it to the longest sequence."] * 40, vocab_size=310, chat=True)
 
 
+def test_text_is_tokenized_a_batch_a_call_with_the_ids_of_one_call_a_record(tmp_path, monkeypatch):
+    """The batches' edges cost nothing: 7 documents in batches of 3 give each document the ids
+    the tokenizer gives it alone (an empty one included), and the labels are the ids' array."""
+    from transformers import AutoTokenizer
+
+    from capture.trial.build import data
+
+    folder = tmp_path / "tok"
+    docs = ["how do I pack a batch?", "", "pad it to the longest sequence.", "é ünïcode ✓", "a " * 50, "x", "pad"]
+    save_tiny_tokenizer(folder, docs * 5, vocab_size=300)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    monkeypatch.setattr(data, "TEXT_BATCH", 3)
+    example = load_example("tiny")
+    cfg = dataclasses.replace(example, data=dataclasses.replace(example.data, tokenizer="model", format="text"))
+    out, _, eot = data.tokenize(cfg, docs, len(tok), folder, {})
+    assert [list(ids) for ids in out.ids] == [tok(d, add_special_tokens=False)["input_ids"] for d in docs]
+    assert all(lab is ids for lab, ids in zip(out.labels, out.ids)) and eot == tok.eos_token_id
+
+
 def test_chat_data_padded_with_loss_on_assistant_turns_longest_first(tmp_path):
     model = tmp_path / "model"
     _model_with_chat_tokenizer(model)
@@ -290,6 +310,7 @@ def test_chat_data_padded_with_loss_on_assistant_turns_longest_first(tmp_path):
 def test_byte_tokenizer_on_a_pretrained_model_is_exit_2(tmp_path, capsys):
     model = tmp_path / "model"
     _model_with_chat_tokenizer(model)
+    capsys.readouterr()  # save_pretrained's progress bar, when no trial of this process has turned it off yet
     cfg = tmp_path / "b.toml"
     cfg.write_text(f'[trial]\n[trial.model]\nsource = "local"\npath = "{model}"\n[trial.data]\ntokenizer = "bytes"\n')
     assert main(["trial", str(cfg), "-o", str(tmp_path / "o.toml")]) == 2
