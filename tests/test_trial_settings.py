@@ -278,6 +278,25 @@ def test_text_is_tokenized_a_batch_a_call_with_the_ids_of_one_call_a_record(tmp_
     assert all(lab is ids for lab, ids in zip(out.labels, out.ids)) and eot == tok.eos_token_id
 
 
+def test_chat_is_tokenized_a_batch_a_call_with_the_ids_of_one_call_a_conversation(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from capture.trial.build import data
+
+    folder = tmp_path / "tok"
+    save_tiny_tokenizer(folder, ["how do I pack a batch? pad it to the longest sequence."] * 40, vocab_size=310, chat=True)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    convs = [[{"role": "user", "content": "how do I pack " * (1 + i % 3)}, {"role": "assistant", "content": "pad" * i}]
+             for i in range(7)]
+    monkeypatch.setattr(data, "TEXT_BATCH", 3)
+    example = load_example("tiny")
+    cfg = dataclasses.replace(example, data=dataclasses.replace(example.data, tokenizer="model", format="chat"))
+    out, pad, eot = data.tokenize(cfg, convs, len(tok), folder, {})
+    alone = [list(tok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"]) for c in convs]
+    assert [list(ids) for ids in out.ids] == alone and len({len(a) for a in alone}) > 1
+    assert all(lab is ids for lab, ids in zip(out.labels, out.ids)) and eot is None and pad == tok.pad_token_id
+
+
 def test_chat_data_padded_with_loss_on_assistant_turns_longest_first(tmp_path):
     model = tmp_path / "model"
     _model_with_chat_tokenizer(model)
