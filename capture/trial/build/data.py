@@ -401,7 +401,8 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
     else:
         # A batch a call: a fast tokenizer encodes it on every core (the same ids as one call a
         # record: apply_chat_template renders each conversation and encodes the batch in one call;
-        # text 1.75x, chat 1.82x on 2 cores, more with more: benchmarks/tokenize_speed.py). The
+        # text 1.75x, chat 1.82x on 2 cores; 5.24x and 4.46x on an H100 host's 16: benchmarks/
+        # tokenize_speed.py, docs/measurements/h100-host-tokenize-speed.txt). The
         # loss on assistant turns only needs each conversation's own renderings: one at a time.
         if d.format == "chat":
             _has_template(tok)
