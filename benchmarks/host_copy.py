@@ -62,12 +62,12 @@ def _child(args: argparse.Namespace) -> dict[str, float]:
     path = Path(args.file)
     if args.op == "write":
         g = torch.Generator(device=args.device).manual_seed(0)
-        state = {f"t{i}": torch.randn(n, device=args.device, generator=g, dtype=torch.bfloat16)
-                 for i, n in enumerate(_shapes(args.gib))}
+        tensors = {f"t{i}": torch.randn(n, device=args.device, generator=g, dtype=torch.bfloat16)
+                   for i, n in enumerate(_shapes(args.gib))}
         _sync(args.device)
         t0 = time.perf_counter()
         with open(path, "wb") as f:
-            torch.save(state, f)
+            torch.save(tensors, f)
             f.flush()
             os.fsync(f.fileno())
         out["write_s"] = time.perf_counter() - t0

@@ -395,9 +395,9 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
     tok = _load_tokenizer(tokenizer_dir)
     if d.format == "chat" and d.assistant_only_loss:
         for rec in records:
-            ids, labels = _chat(tok, rec)
-            out.ids.append(array("q", ids))  # 8 bytes a token, not a Python int and its pointer
-            out.labels.append(array("q", labels))
+            chat_ids, chat_labels = _chat(tok, rec)
+            out.ids.append(array("q", chat_ids))  # 8 bytes a token, not a Python int and its pointer
+            out.labels.append(array("q", chat_labels))
     else:
         # A batch a call: a fast tokenizer encodes it on every core (the same ids as one call a
         # record: apply_chat_template renders each conversation and encodes the batch in one call;
@@ -410,8 +410,8 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
             batch = records[start:start + TEXT_BATCH]
             encoded = (tok.apply_chat_template(batch, tokenize=True) if d.format == "chat"
                        else tok(batch, add_special_tokens=False))
-            for ids in _batch_ids(encoded):
-                packed = array("q", ids)
+            for row in _batch_ids(encoded):
+                packed = array("q", row)
                 out.ids.append(packed)
                 out.labels.append(packed)  # labels are the ids: the same array, held once
     top = max((max(ids) for ids in out.ids if ids), default=0)
