@@ -419,14 +419,14 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
     phases: dict[str, Any] = {}
     table["phases"] = phases
     restore_setup = _restore_setup(config, device, seed, settings, plan, expected, withhold, sensitivity)
-    restore = _adopt(early, "restore", restore_setup, workdir, reader_env(det.env, device))
+    readers = reader_env(det.env, device)  # the environment of both processes that read a checkpoint back
+    restore = _adopt(early, "restore", restore_setup, workdir, readers)
     if restore is not None:  # imported already: it goes on to its early build (or waits for its job)
         restore.go({"early_build": build_early})
         phases["restore_started"] = restore.started
         phases["restore_head_start_s"] = restore.head_start_s()
     else:
-        restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir,
-                         reader_env(det.env, device))
+        restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir, readers)
     again: Worker | None = None
     try:
         log.info("recovery: uninterrupted run of %d steps, checkpoint after step %d", n, k)
@@ -477,8 +477,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
         if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
             again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                                  early_build=build_early, snapshot=[]), workdir,
-                           reader_env(det.env, device))
+                                                  early_build=build_early, snapshot=[]), workdir, readers)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:

@@ -283,26 +283,26 @@ class Restorer:
 # huge pages for large buffers, so reading a 48 GB checkpoint takes some 24 thousand page faults
 # instead of 12 million (1.8x the read on an H100 host: benchmarks/host_copy.py). Not on a CPU
 # trial, where the training itself runs on that memory; a value set in the environment is kept.
-HOST_MEMORY_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
+THP_ENV = "THP_MEM_ALLOC_ENABLE"  # torch reads it once a process; only "1" turns huge pages on
 MAPPED_READ = "the second resume maps its checkpoint (torch.load mmap): it writes none after"
 
 
 def reader_env(env: Mapping[str, str], device: Any, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``env`` for a process that reads a checkpoint back, with :data:`HOST_MEMORY_ENV` where it applies."""
-    if device_type(device) == "cpu":
+    """``env`` for a process that reads a checkpoint back: with huge pages where they apply."""
+    if device_type(device) == "cpu" or THP_ENV in environ:
         return dict(env)
-    return dict({k: v for k, v in HOST_MEMORY_ENV.items() if k not in environ}, **env)
+    return dict(env, **{THP_ENV: "1"})
 
 
 def host_memory(device: Any, environ: Mapping[str, str] = os.environ) -> str:
     """How this (restoring) process allocates host memory, in words, for the manifest: from its
-    own environment, as torch reads it (only "1" turns huge pages on)."""
+    own environment, as torch reads it."""
     if device_type(device) == "cpu":
         return "default (a CPU trial)"
-    value = environ.get("THP_MEM_ALLOC_ENABLE")
+    value = environ.get(THP_ENV)
     if value == "1":
-        return "huge pages (THP_MEM_ALLOC_ENABLE=1)"
-    return "default" if value is None else f"default (THP_MEM_ALLOC_ENABLE={value[:16]!r} as set)"
+        return f"huge pages ({THP_ENV}=1)"
+    return "default" if value is None else f"default ({THP_ENV}={value[:16]!r} as set)"
 
 
 def _read(job: Mapping[str, Any], config: Any, k: int, timings: dict[str, float], mmap: bool = False) -> dict[str, Any]:

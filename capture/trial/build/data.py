@@ -338,15 +338,13 @@ def _load_tokenizer(tokenizer_dir: Path | None) -> Any:
                           "the folder needs the tokenizer files of the model") from None
 
 
-def _ids(value: Any) -> list[int]:
-    if isinstance(value, dict) or hasattr(value, "keys"):
-        value = value["input_ids"]
-    return [int(x) for x in value]
-
-
-def _batch_ids(value: Any) -> list[list[int]]:
-    """The ids of each row of a batched tokenizer (or apply_chat_template) output."""
+def _input_ids(value: Any) -> Any:
+    """The ids of a tokenizer's (or apply_chat_template's) output: a dict of outputs or the ids themselves."""
     return value["input_ids"] if isinstance(value, dict) or hasattr(value, "keys") else value
+
+
+def _ids(value: Any) -> list[int]:
+    return [int(x) for x in _input_ids(value)]
 
 
 def _has_template(tok: Any) -> None:
@@ -357,7 +355,6 @@ def _has_template(tok: Any) -> None:
 
 def _chat(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """A conversation rendered with the chat template; labels -100 outside its assistant turns."""
-    _has_template(tok)
     ids = _ids(tok.apply_chat_template(messages, tokenize=True))
     if _GENERATION_TAG.search(tok.chat_template or ""):
         out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
@@ -393,24 +390,24 @@ def tokenize(config: TrialConfig, records: list[Any], vocab_size: int, tokenizer
         info["tokenizer"] = "bytes (UTF-8 bytes 0-255, end-of-text 256)"
         return out, BYTE_EOT, BYTE_EOT
     tok = _load_tokenizer(tokenizer_dir)
+    if d.format == "chat":
+        _has_template(tok)
     if d.format == "chat" and d.assistant_only_loss:
+        # Finding the assistant turns takes each conversation's own renderings: one at a time.
         for rec in records:
             chat_ids, chat_labels = _chat(tok, rec)
             out.ids.append(array("q", chat_ids))  # 8 bytes a token, not a Python int and its pointer
             out.labels.append(array("q", chat_labels))
     else:
-        # A batch a call: a fast tokenizer encodes it on every core (the same ids as one call a
-        # record: apply_chat_template renders each conversation and encodes the batch in one call;
-        # text 1.75x, chat 1.82x on 2 cores; 5.24x and 4.46x on an H100 host's 16: benchmarks/
-        # tokenize_speed.py, docs/measurements/h100-host-tokenize-speed.txt). The
-        # loss on assistant turns only needs each conversation's own renderings: one at a time.
-        if d.format == "chat":
-            _has_template(tok)
+        # A batch a call, which a fast tokenizer encodes on every core: the same ids as one call a
+        # record (apply_chat_template renders each conversation, then encodes the batch). Text
+        # 1.75x, chat 1.82x on 2 cores; 5.24x and 4.46x on an H100 host's 16 (benchmarks/
+        # tokenize_speed.py, docs/measurements/h100-host-tokenize-speed.txt).
         for start in range(0, len(records), TEXT_BATCH):
             batch = records[start:start + TEXT_BATCH]
             encoded = (tok.apply_chat_template(batch, tokenize=True) if d.format == "chat"
                        else tok(batch, add_special_tokens=False))
-            for row in _batch_ids(encoded):
+            for row in _input_ids(encoded):
                 packed = array("q", row)
                 out.ids.append(packed)
                 out.labels.append(packed)  # labels are the ids: the same array, held once
