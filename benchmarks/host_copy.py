@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         file = Path(tmp) / "state.pt"
         plan = [("write", "default"), ("write", "thp"), ("read", "default"), ("read", "thp"), ("read-mmap", "default")]
         for r in range(args.rounds):
-            order = plan if r % 2 == 0 else [p for p in plan[:2][::-1]] + plan[2:][::-1]
+            order = plan if r % 2 == 0 else plan[:2][::-1] + plan[2:][::-1]
             for op, variant in order:
                 rows.setdefault(f"{op}/{variant}", []).append(_run(op, variant, args, file))
     best = {k: {m: min(x[m] for x in v) for m in v[0]} for k, v in rows.items()}
