@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -172,7 +173,7 @@ def _first_error(outcomes: list[tuple[bool, Any]]) -> CaptureError | None:
     process that died) is not the user's to fix: its section says so instead."""
     errors = [value for ok, value in outcomes if not ok and isinstance(value, CaptureError)]
     own = [e for e in errors if not isinstance(e, ArtifactMismatch)]
-    return (own or errors or [None])[0]
+    return own[0] if own else errors[0] if errors else None
 
 
 def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
@@ -211,7 +212,7 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
     order = sorted(PROBES, key=_start_order)
     t0 = time.perf_counter()
     render = rendered is not None  # only a caller that writes the manifest as collected wants the text
-    ran, how, why = _fanout.run([lambda e=entry: _job(e, options, raise_user_errors, render) for entry in order],
+    ran, how, why = _fanout.run([functools.partial(_job, entry, options, raise_user_errors, render) for entry in order],
                                 fanout)
     by_entry = dict(zip(order, ran))
     outcomes = [by_entry[entry] for entry in PROBES]
@@ -229,7 +230,7 @@ def collect(options: ProbeOptions | None = None, kind: str = "fingerprint",
             timings.probes[section] = secs
         if table is not None:
             sections[section] = table
-        if render and text is not None:
+        if rendered is not None and text is not None:
             rendered[section] = text
     manifest["accelerator"] = accelerator_summary(sections)
     manifest.update(sections)

@@ -73,6 +73,8 @@ def test_image_identity_from_runner_env(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("env", "error"), [
     ({"CAPTURE_IMAGE_LABELS": "{not json"}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
     ({"CAPTURE_IMAGE_LABELS": "[1, 2]"}, "CAPTURE_IMAGE_LABELS must be a JSON object, found list"),
+    ({"CAPTURE_IMAGE_LABELS": '{"a": ' + "1" * 5000 + "}"}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
+    ({"CAPTURE_IMAGE_LABELS": "[" * 100_000 + "]" * 100_000}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
     ({"CAPTURE_IMAGE_ID": "6684ba907ed3"}, "CAPTURE_IMAGE_ID is not sha256:<64 hex>"),
 ])
 def test_bad_runner_values_become_error_notes(tmp_path: Path, env: dict[str, str], error: str) -> None:

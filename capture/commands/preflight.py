@@ -62,6 +62,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
         manifest = collect(ProbeOptions(progress=False))
         manifest["preflight"] = table
+        assert key is not None  # loaded above whenever -o is given
         signing.write_signed(args.output, mf.dumps(manifest), key, args.principal)
         sys.stderr.write(f"wrote {args.output}\n")
     if args.json:

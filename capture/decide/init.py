@@ -113,7 +113,7 @@ def check_install_spec(spec: str) -> str:
     except InvalidRequirement as exc:
         raise UsageError(f"--install {spec!r}: not a requirement ({exc})", f"e.g. {DIST_NAME}=={__version__}") from None
     ok_pin = not req.url and len(req.specifier) == 1 and next(iter(req.specifier)).operator == "=="
-    ok_url = bool(req.url) and req.url.startswith("git+") and re.search(r"@[0-9a-f]{40}$", req.url) is not None
+    ok_url = req.url is not None and req.url.startswith("git+") and re.search(r"@[0-9a-f]{40}$", req.url) is not None
     if req.name != DIST_NAME or not (ok_pin or ok_url) or req.extras or req.marker or not _SAFE_SPEC.fullmatch(spec):
         raise UsageError(f"--install {spec!r}: CI must install {DIST_NAME} at an exact version or at a git commit",
                          f"e.g. {DIST_NAME}=={__version__}, or {DIST_NAME} @ git+https://github.com/ORG/capture@<40-hex commit>")

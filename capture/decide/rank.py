@@ -220,7 +220,8 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")), _num(stats.get("step_time_cv")),
                     1.0 if tps else None, peak, recovery, _num(stats.get("tokens_per_step")),
                     _num(stats.get("step_time_mean_s")), notes))
-    scaling = d.get("scaling") if isinstance(d.get("scaling"), Mapping) else {}
+    got = d.get("scaling")
+    scaling = got if isinstance(got, Mapping) else {}
     world = scaling.get("world_size")
     for strategy in ("ddp", "fsdp"):
         s = scaling.get(strategy)
@@ -228,7 +229,8 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
             continue
         stps = _num(s.get("throughput_tokens_per_s"))
         per_step = _num(s.get("tokens_per_optimizer_step"))
-        rec = s.get("recovery") if isinstance(s.get("recovery"), Mapping) else {}
+        got = s.get("recovery")
+        rec = got if isinstance(got, Mapping) else {}
         out.append(make(strategy, world, stps, _num(s.get("step_time_median_s")), _num(s.get("step_time_cv")),
                         _num(s.get("efficiency")), _num(s.get("peak_memory_per_rank_bytes")),
                         rec.get("verdict"), per_step, per_step / stps if per_step and stps else None,

@@ -171,7 +171,8 @@ def run_definition(data: Mapping[str, Any]) -> RunDefinition:
     run = dig(data, "trial.run") or {}
     if not isinstance(run, Mapping):
         run = {}
-    prec = run.get("precision") if isinstance(run.get("precision"), Mapping) else {}
+    got = run.get("precision")
+    prec = got if isinstance(got, Mapping) else {}
     precision = _text(prec.get("dtype")) + (" autocast" if prec.get("autocast") else "")
     batch = run.get("tokens_per_step")
     if batch is None and isinstance(run.get("max_seq_len"), int) and isinstance(run.get("micro_batch_size"), int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence, cast
 
 from capture._atomic import atomic_write
 from capture.decide.rank import Group
@@ -70,7 +70,8 @@ def _fit(label: str, chars: int) -> str:
     return head[: room - room // 3] + "…" + head[len(head) - room // 3:] + tail
 
 
-def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any, limit: list[tuple[str, float]] = ()) -> str:
+def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any,
+              limit: Sequence[tuple[str, float]] = ()) -> str:
     """Horizontal bars (label, value, colour, value text) with an axis; ``limit``: dashed lines
     (e.g. a card's memory capacity). Each label stands on its own line above its bar, so a long
     device name is never clipped."""
@@ -126,24 +127,26 @@ def group_plots(g: Group) -> str:
         return ""
     label = lambda c: f"{c.label} · run {c.run_id}" + ("" if c.trusted else " (untrusted)")  # noqa: E731
     colour = lambda c: _COLOURS.get(c.strategy, "#6b7785") if c.trusted else "#bbb"  # noqa: E731
-    parts = []
+    parts = []  # below, cast: the lists were filtered on the figure each bar shows
     costed = [c for c in cs if c.cost_to_target is not None]
     if costed:
         cur = costed[0].cost.currency
         parts.append(bar_chart(f"projected cost to the target ({cur})", [
-            (label(c), c.cost_to_target, colour(c), c.cost.money(c.cost_to_target)) for c in costed],
+            (label(c), cast(float, c.cost_to_target), colour(c), c.cost.money(c.cost_to_target)) for c in costed],
             costs.money_str))
     timed = [c for c in cs if c.time_to_target_s is not None]
     if timed:
         parts.append(bar_chart(f"projected time to the target ({timed[0].target.text()})", [
-            (label(c), c.time_to_target_s, colour(c), seconds_str(c.time_to_target_s)) for c in timed], seconds_str))
-    parts.append(bar_chart("measured tokens/s", [(label(c), c.tokens_per_s, colour(c), number_str(c.tokens_per_s))
-                                                 for c in cs], number_str))
+            (label(c), cast(float, c.time_to_target_s), colour(c), seconds_str(c.time_to_target_s)) for c in timed],
+            seconds_str))
+    parts.append(bar_chart("measured tokens/s", [
+        (label(c), cast(float, c.tokens_per_s), colour(c), number_str(c.tokens_per_s)) for c in cs], number_str))
     mem = [c for c in cs if c.peak_memory_bytes]
     caps = sorted({(c.card, c.memory_per_device_bytes) for c in mem if c.memory_per_device_bytes}, key=lambda t: t[1])
     if mem:
         parts.append(bar_chart("peak memory per device against the card's capacity", [
-            (label(c), c.peak_memory_bytes, colour(c), bytes_str(c.peak_memory_bytes)) for c in mem], bytes_str,
+            (label(c), cast(float, c.peak_memory_bytes), colour(c), bytes_str(c.peak_memory_bytes)) for c in mem],
+            bytes_str,
             [(f"{n} capacity", v) for n, v in caps]))
     return "".join(parts)
 

@@ -9,12 +9,13 @@ before a build so a file changed on disk since is caught).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
 from packaging.utils import (
     InvalidWheelFilename,
@@ -90,9 +91,10 @@ def _relay(cmd: list[str], env: dict[str, str]) -> _Output:
     """Run pip with its output (progress bars included) passed through to our stderr as it comes."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
+    stdout = cast(io.BufferedReader, proc.stdout)  # binary with the default bufsize: it has read1
     chunks: list[bytes] = []
     while True:
-        chunk = proc.stdout.read1(65536)
+        chunk = stdout.read1(65536)
         if not chunk:
             break
         chunks.append(chunk)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", a.rank) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
-    kwargs = {"device_id": device} if gpu else {}
+    kwargs: dict[str, Any] = {"device_id": device} if gpu else {}
     dist.init_process_group(a.backend, init_method=a.init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=120), **kwargs)
     try:

@@ -149,9 +149,10 @@ def check_memory_repair(h: DeviceHealth) -> list[Check]:
         out.append(Check("retired_pages", WARN, "a page retirement is pending: reset the GPU to apply it",
                          device=h.index, value="pending", expected="none pending"))
     else:
-        n = h.retired_pages_count
-        out.append(Check("retired_pages", PASS, f"{n if n is not None else 'no'} pages retired, none pending",
-                         device=h.index, value=n if n is not None else "none pending", unit="pages" if n is not None else None,
+        pages = h.retired_pages_count
+        out.append(Check("retired_pages", PASS, f"{pages if pages is not None else 'no'} pages retired, none pending",
+                         device=h.index, value=pages if pages is not None else "none pending",
+                         unit="pages" if pages is not None else None,
                          expected="none pending"))
     return out
 

@@ -243,8 +243,8 @@ def parse_smi_xml_health(text: str) -> list[DeviceHealth]:
 
         def unc(node: ET.Element | None) -> int | None:
             vals = [_i(_t(node, k)) for k in ("dram_uncorrectable", "sram_uncorrectable", "double_bit/total")]
-            vals = [v for v in vals if v is not None]
-            return sum(vals) if vals else None
+            known = [v for v in vals if v is not None]
+            return sum(known) if known else None
 
         rows = g.find("remapped_rows")
         rows_known = rows is not None and _t(rows, "remapped_row_pending") is not None

@@ -52,7 +52,7 @@ def preflight_rows(data_a: dict[str, Any], data_b: dict[str, Any]) -> list[dict[
     Each row: ``name``, ``device``, ``unit``, ``a`` / ``b`` (value or None), ``verdict_a`` /
     ``verdict_b`` (None where that manifest has no such check), ``ratio`` (b / a for numbers).
     """
-    def index(data: dict[str, Any]) -> dict[tuple[str, Any], dict[str, Any]]:
+    def index(data: dict[str, Any]) -> dict[tuple[Any, Any], dict[str, Any]]:
         return {(c.get("name"), c.get("device")): c for c in _table(data).get("checks", []) if isinstance(c, dict)}
 
     a, b = index(data_a), index(data_b)

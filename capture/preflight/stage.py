@@ -72,7 +72,7 @@ _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memor
 
 
 def _out_of_memory(error: str | None) -> bool:
-    return bool(error) and any(m in error.lower() for m in _OOM_MARKERS)
+    return error is not None and any(m in error.lower() for m in _OOM_MARKERS)
 
 
 def judge(fig: perf.Figure, reference: float | None, rng: Range | None, what: str, scale: float = 1.0) -> Check:
@@ -154,12 +154,16 @@ def _gpu_checks(torch: Any, kind: str, mode: str, catalog: PreflightCatalog, say
             g = perf.gemm(torch, device, sizes, during)
             rng = sku.healthy.get("gemm_bf16") if sku and not mig else None
             peak = sku.peak_bf16_dense_flops if sku and not mig else None
-            checks.append(judge(g, peak, rng, what or f"{sku.name}, data-sheet dense bf16 {peak / 1e12:.0f}", 1e-12))
+            # a user's [[sku]] entry may leave a figure out: not judged then, as without an entry
+            checks.append(judge(g, peak, rng,
+                                what or (f"{sku.name}, data-sheet dense bf16 {peak / 1e12:.0f}" if sku and peak
+                                         else "the catalog entry gives no peak_bf16_dense_flops"), 1e-12))
             say(f"cuda:{i}: device copy")
             c = perf.device_copy(torch, device, sizes)
             bw = sku.memory_bytes_per_s if sku and not mig else None
             checks.append(judge(c, bw, sku.healthy.get("copy_d2d") if sku and not mig else None,
-                                what or f"{sku.name}, data-sheet memory bandwidth {bw / 1e12:.2f} TB/s", 1e-9))
+                                what or (f"{sku.name}, data-sheet memory bandwidth {bw / 1e12:.2f} TB/s" if sku and bw
+                                         else "the catalog entry gives no memory_bytes_per_s"), 1e-9))
             say(f"cuda:{i}: pinned host<->device")
             h = loaded.get(i) or base.get(i)
             gen = h.pcie_gen_max if h and h.pcie_gen_max else (sku.pcie_gen if sku else None)

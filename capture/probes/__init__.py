@@ -50,6 +50,6 @@ def as_table(section: Any) -> dict[str, Any]:
     """The TOML table a probe result contributes."""
     if hasattr(section, "to_manifest"):
         return section.to_manifest()
-    if dataclasses.is_dataclass(section):
+    if dataclasses.is_dataclass(section) and not isinstance(section, type):
         return dataclasses.asdict(section)
     return dict(section)

@@ -155,7 +155,7 @@ def _child(job: Callable[[], Any], w: int) -> None:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:

@@ -20,6 +20,7 @@ GIL), with a progress bar on stderr.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -223,7 +224,7 @@ def _hub_artifact(spec: str, kind: str, options: ProbeOptions) -> ArtifactInfo:
     files, blob_paths, missing, copies = _snapshot_files(folder, commit)
     if copies:  # no blob id to name them by: hash the content instead (sha256, like an LFS id)
         by_path = {f.path: f for f in files}
-        digests = _parallel(((p, lambda cb, p=p: file_sha256(blob_paths[p], cb)) for p in copies),
+        digests = _parallel(((p, functools.partial(file_sha256, blob_paths[p])) for p in copies),
                             sum(by_path[p].size_bytes for p in copies), f"hash {spec}", options.progress)
         files = [ArtifactFile(f.path, f.size_bytes, digests[f.path], True) if f.path in digests else f for f in files]
     entries = b"".join(f"{f.blob_id} ".encode() + f.path.encode() + b"\0" for f in files)
@@ -232,7 +233,7 @@ def _hub_artifact(spec: str, kind: str, options: ProbeOptions) -> ArtifactInfo:
     mismatches: list[str] = []
     mismatch_blobs: list[str] = []
     if options.verify_artifacts:
-        unique = {}
+        unique: dict[str, tuple[Path, bool]] = {}
         for f in files:
             if f.blob_id is not None:
                 unique.setdefault(f.blob_id, (blob_paths[f.path], bool(f.lfs)))
@@ -290,7 +291,7 @@ def _local_artifact(spec: str, folder: Path, kind: str, options: ProbeOptions) -
                 paths.append(full.relative_to(root).as_posix())
     paths.sort(key=str.encode)
     sizes = {p: (root / p).stat().st_size for p in paths}
-    digests = _parallel(((p, lambda cb, p=p: file_sha256(root / p, cb)) for p in paths), sum(sizes.values()),
+    digests = _parallel(((p, functools.partial(file_sha256, root / p)) for p in paths), sum(sizes.values()),
                         f"hash {spec}", options.progress)
     entries = b"".join(f"{digests[p]} ".encode() + p.encode() + b"\0" for p in paths)
     return ArtifactInfo(

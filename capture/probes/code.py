@@ -360,7 +360,7 @@ def probe_directory(folder: Path) -> CodeInfo:
 
 def probe(options: ProbeOptions) -> CodeInfo | Skipped:
     explicit = options.code is not None
-    folder = Path(options.code) if explicit else Path.cwd()
+    folder = Path(options.code) if options.code is not None else Path.cwd()
     if not folder.exists():
         return Skipped(f"no such folder: {folder}")
     if not folder.is_dir():

@@ -129,8 +129,9 @@ def image_identity(env: Mapping[str, str]) -> tuple[str | None, str | None, dict
     if raw:
         try:
             data = json.loads(raw)
-        except ValueError as exc:
-            errors.append(f"{ENV_IMAGE_LABELS} is not valid JSON ({exc.msg} at char {exc.pos}); labels not recorded")
+        except (ValueError, RecursionError) as exc:  # also an integer over 4300 digits, or nesting too deep
+            why = f"{exc.msg} at char {exc.pos}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            errors.append(f"{ENV_IMAGE_LABELS} is not valid JSON ({why}); labels not recorded")
         else:
             if not isinstance(data, dict):
                 errors.append(f"{ENV_IMAGE_LABELS} must be a JSON object, found {type(data).__name__}; labels not recorded")

@@ -77,7 +77,7 @@ def parse_cpu_model(text: str) -> str | None:
             if sep and name.strip() == key and value.strip():
                 return value.strip()
     # Arm servers (Grace, Graviton, Ampere) only give implementer and part numbers.
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         name, sep, value = line.partition(":")
         if sep and name.strip() in ("CPU implementer", "CPU part"):

@@ -165,7 +165,7 @@ def cuda_device_list(gpus: Sequence[DeviceIds], value: str | None) -> list[tuple
         return [(g, None)]
 
     if value is None:
-        picked = [(g, None) for g in range(len(gpus))]
+        picked: list[tuple[int, int | None]] = [(g, None) for g in range(len(gpus))]
     else:
         picked = []
         entries = value.split(",")
@@ -285,7 +285,7 @@ class _Guard:
 
 def _mig_instances(nvml: Any, handle: Any, call: _Guard) -> tuple[MigInstance, ...]:
     count = call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
-    out = []
+    out: list[MigInstance] = []
     for slot in range(count):
         mig = call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
         if mig is None:  # empty slot: NVMLError_NotFound
@@ -463,7 +463,7 @@ def parse_smi_xml(text: str) -> NvidiaInfo:
         raise ValueError(f"nvidia-smi -q -x: unexpected root element <{root.tag}>")
     devices = []
     for index, gpu in enumerate(root.findall("gpu")):
-        migs = []
+        migs: list[MigInstance] = []
         for m in gpu.findall("mig_devices/mig_device"):
             migs.append(MigInstance(
                 index=len(migs),

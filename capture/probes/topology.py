@@ -28,7 +28,7 @@ SYSFS_PCI = Path("/sys/bus/pci/devices")
 
 # nvmlGpuTopologyLevel_t -> nvidia-smi topo -m token
 NVML_LEVELS = {0: "INTERNAL", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-AMD_LINK_TYPES = {0: "INTERNAL", 1: "PCIE", 2: "XGMI"}
+AMD_LINK_TYPES: dict[object, str] = {0: "INTERNAL", 1: "PCIE", 2: "XGMI"}  # looked up with whatever amdsmi gives
 NVLINK_TO_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
 NUMA_WORDS = 4  # 256 NUMA nodes in the NVML memory-affinity mask
 MIN_CPU_WORDS = 16  # 1024 CPUs; more if os.cpu_count() says so

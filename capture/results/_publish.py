@@ -45,6 +45,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from capture.errors import CaptureError, UsageError
 
@@ -330,9 +331,9 @@ def _repair(repo, top: Path, git_dir: Path, journal: Journal) -> str:
             continue
         if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != sha:
             continue  # not what we wrote: not ours to touch
-        before = _blob(repo, f"{head}:{rel}") if head else None
-        if before is not None:
-            _write_file(path, before, journal.tmp[rel], first=False)
+        at_head = _blob(repo, f"{head}:{rel}") if head else None
+        if at_head is not None:
+            _write_file(path, at_head, journal.tmp[rel], first=False)
         elif not _git(repo, "ls-files", "--", rel, check=False).strip():
             path.unlink()
     for d in reversed(journal.dirs):
@@ -493,6 +494,7 @@ def _detached(work) -> None:
         os.close(r)
         _IN_CHILD = True
         status = 0
+        message: dict[str, Any]
         try:
             os.setsid()
             signal.signal(signal.SIGINT, signal.SIG_IGN)

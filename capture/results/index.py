@@ -82,7 +82,8 @@ _MD_COLUMNS = (
 def _cost(r: Mapping[str, Any], key: str) -> str:
     """One of the three cost figures (docs/decide.md) with its currency; a row pinned before they
     existed shows its trial cost per million trained tokens under that name."""
-    c = r.get("costs") if isinstance(r.get("costs"), Mapping) else {}
+    got = r.get("costs")
+    c = got if isinstance(got, Mapping) else {}
     if c.get(key) is not None:
         return money_str(c[key], c.get("currency"))
     if key == "trial_cost" and r.get("cost_per_million_tokens") is not None:
@@ -91,7 +92,8 @@ def _cost(r: Mapping[str, Any], key: str) -> str:
 
 
 def _projected(r: Mapping[str, Any]) -> str:
-    c = r.get("costs") if isinstance(r.get("costs"), Mapping) else {}
+    got = r.get("costs")
+    c = got if isinstance(got, Mapping) else {}
     if c.get("projected_time_s") is None:
         return "-"
     cost = f"{money_str(c['projected_cost'], c.get('currency'))}, " if c.get("projected_cost") is not None else ""

@@ -38,12 +38,13 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from capture.errors import ManifestError, TrustError, UsageError
 from capture.results import _publish
 from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
-from capture.verify.open import load_allowed, open_manifest, trust_root
+from capture.verify.open import SignatureStatus, load_allowed, open_manifest, trust_root
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.fmt import number_str
 from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
@@ -165,7 +166,7 @@ def _trust_file(repo, root: Path, rel_root: str) -> Path:
     return path
 
 
-def _verify(files: Sequence[str], allowed) -> list[tuple[str, bytes, dict, object]]:
+def _verify(files: Sequence[str], allowed) -> list[tuple[str, bytes, dict[str, Any], SignatureStatus]]:
     out = []
     for f in files:
         # Through the door: signature over the exact bytes, signer trusted by THIS repository, parse.

@@ -171,7 +171,8 @@ class RunSummary:
     vendor: str | None
     model: str | None
     count: int | None
-    memory_per_device_bytes: int | None
+    memory_per_device_bytes: float | None
+    """An int, or whatever number a foreign manifest holds."""
     driver_version: str | None
     runtime: str | None
     """``cuda``, ``rocm`` or ``cpu``."""
@@ -219,8 +220,10 @@ class RunSummary:
 def summarize(data: Mapping[str, Any], raw: bytes, path: str | None = None,
               signer: str | None = None, signer_fingerprint: str | None = None) -> RunSummary:
     """Summarise a parsed manifest; ``raw`` is the whole file (its hash is the content id)."""
-    acc = data.get("accelerator") if isinstance(data.get("accelerator"), Mapping) else {}
-    fw = data.get("framework") if isinstance(data.get("framework"), Mapping) else {}
+    got = data.get("accelerator")
+    acc = got if isinstance(got, Mapping) else {}
+    got = data.get("framework")
+    fw = got if isinstance(got, Mapping) else {}
     vendor = acc.get("vendor")
     model = acc.get("model")
     count = acc.get("count") if isinstance(acc.get("count"), int) else None

@@ -61,7 +61,8 @@ def binding_row(rank: int, local_rank: int, device: Any) -> dict[str, Any]:
     if device.type == "cuda":
         import torch
 
-        props = torch.cuda.get_device_properties(device)
+        # Any: torch's stubs lack the pci_* fields its CUDA and ROCm builds have
+        props: Any = torch.cuda.get_device_properties(device)
         row["device_name"] = props.name
         uuid = getattr(props, "uuid", None)
         if uuid is not None:

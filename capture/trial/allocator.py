@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -269,7 +269,7 @@ def replay(events: Iterable[tuple], measure_from: int = 0, device_type: str = "c
         return _replay_cpu(events)
     alloc = CachingAllocator()
     exp = ExpandableAllocator() if expandable else _NoAllocator()
-    exp_live: dict[int, tuple[int, int]] = {}
+    exp_live: dict[int, Any] = {}  # exp's handles: tuples, or None from _NoAllocator
     live: dict[int, tuple[tuple[int, int], int, str]] = {}
     by_tag: dict[str, int] = {}
     best_tags: dict[str, int] = {}

@@ -27,9 +27,12 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from capture._atomic import atomic_open
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 FORMATS = ("torch.save", "safetensors", "dcp", "dcp-async")
 _SKELETON_KEY = "capture_skeleton"
@@ -284,7 +287,8 @@ def _save_dcp_quiet(data: dict[str, Any], path: Path, tmp: Path, asynchronous: b
     try:
         result = dcp.async_save(data, checkpoint_id=str(tmp), async_stager=stager, no_dist=True)
         blocked = time.perf_counter() - t0
-        future = getattr(result, "upload_completion", result)
+        # a Future either way: the response's upload half, or what older releases return
+        future = cast("Future[Any]", getattr(result, "upload_completion", result))
         try:
             future.result()
         except BaseException:

@@ -378,8 +378,8 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
     withhold = r.strings("withhold", ()) or ()
     for w in withhold:
         if w not in RECOVERY_COMPONENTS:
-            extra = did_you_mean(w, RECOVERY_COMPONENTS) or f"; known: {', '.join(RECOVERY_COMPONENTS)}"
-            raise r.err("withhold", f"unknown component {shown(w)}{extra}")
+            more = did_you_mean(w, RECOVERY_COMPONENTS) or f"; known: {', '.join(RECOVERY_COMPONENTS)}"
+            raise r.err("withhold", f"unknown component {shown(w)}{more}")
     deterministic = r.get("deterministic", (bool, str), "auto")
     if isinstance(deterministic, str) and deterministic != "auto":
         raise r.err("deterministic", f'must be "auto", true or false, got {shown(deterministic)}')

@@ -218,7 +218,8 @@ class DeviceMemory:
             return self.key
         import torch
 
-        props = torch.cuda.get_device_properties(self.device)
+        # Any: torch's stubs lack the pci_* fields its CUDA and ROCm builds have
+        props: Any = torch.cuda.get_device_properties(self.device)
         if torch.version.hip:
             self.key = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         else:

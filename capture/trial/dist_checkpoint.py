@@ -110,7 +110,7 @@ def load(strategy: str, workload: Any, directory: Path, device: Any) -> dict[str
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_sd, optim_sd = get_state_dict(workload.model, workload.optimizer)
-        loaded = {"model": model_sd, "optim": optim_sd}
+        loaded: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(loaded, checkpoint_id=str(directory / "dcp"))
         set_state_dict(workload.model, workload.optimizer, model_state_dict=loaded["model"],
                        optim_state_dict=loaded["optim"])

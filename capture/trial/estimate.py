@@ -35,7 +35,8 @@ class Curve:
     """Device total by micro-batch, each point replayed once (shared by every card)."""
 
     def __init__(self, at: Callable[[int], int]) -> None:
-        self.at, self.seen = at, {}
+        self.at = at
+        self.seen: dict[int, int] = {}
 
     def __call__(self, mb: int) -> int:
         if mb not in self.seen:

@@ -19,11 +19,14 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
+
+if TYPE_CHECKING:
+    from capture.trial.workload import Workload
 
 DEFAULT_HEADROOM = 0.10
 
@@ -279,7 +282,7 @@ class _Search:
         self.accum = config.batch.grad_accum
         self.dm = memory if memory is not None else DeviceMemory(device)
         release_memory(device)
-        self.wl = build_workload(config.with_overrides(micro_batch_size=1), device)
+        self.wl: Workload | None = build_workload(config.with_overrides(micro_batch_size=1), device)  # None once closed
         self.sample = next(self.wl.loader)  # one real sequence; a candidate's batch repeats it
         self.slope = _per_sample_bytes_estimate(self.wl, config, device)
         self.slope_source = "memory estimate"
@@ -288,6 +291,7 @@ class _Search:
     def step(self, mb: int) -> int | None:
         import itertools
 
+        assert self.wl is not None, "the search is closed"
         ids = self.sample.repeat(mb)
         self.wl.train_step_async(itertools.repeat(ids, self.accum))
         if self.device.type == "cuda":
@@ -310,6 +314,7 @@ class _Search:
         except Exception as exc:
             if not is_oom(exc):
                 raise
+            assert self.wl is not None, "the search is closed"
             self.wl.optimizer.zero_grad(set_to_none=True)
             c = Candidate(mb, False, None, f"does not fit: {oom_text(exc)}")
         else:

@@ -160,6 +160,7 @@ def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: 
     """Build the model of ``config`` on the meta device (no weights, no GPU) and read the plan."""
     from capture.trial.build import model as model_mod
 
+    model: Any  # a transformers (or peft) model: its config and embeddings are not torch.nn.Module's
     model, resolved = model_mod.build_meta(config)
     p = config.precision
     wb = 4 if p.autocast else {"bf16": 2, "fp16": 2, "fp32": 4}[p.dtype]

@@ -179,7 +179,7 @@ def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
     fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
     weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
     limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
-    if not all(isinstance(v, int) for v in (weights, limit, peak)):
+    if not (isinstance(weights, int) and isinstance(limit, int) and isinstance(peak, int)):
         return None
     return MemoryBudget(limit, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
 
@@ -277,8 +277,9 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
         table["base_model"] = {"skipped": base_skipped}
     table["elapsed_s"] = time.perf_counter() - t_start
     table["phases"]["total_s"] = table["elapsed_s"]
-    for line in phase_text(table["phases"]).splitlines() if progress is not None else ():
-        progress(line)
+    if progress is not None:
+        for line in phase_text(table["phases"]).splitlines():
+            progress(line)
     if not str(table.get("verdict", "")).startswith("failed"):
         _cleanup(workdir)
     return table
@@ -494,6 +495,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         restore.stop()
         again_result = None
         if again is not None and result.get("saved_again"):
+            assert save_again is not None  # both exist exactly when k2 is not None
             t0 = time.perf_counter()
             again.start_job({"kind": "resume_again", "checkpoint": save_again["path"], "save_at_step": k2,
                              "total_steps": n, "saved_hashes": result["saved_again"]["hashes"],

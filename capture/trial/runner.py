@@ -146,7 +146,11 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
               progress: Callable[[str], None] | None = None) -> TrialOutcome:
     """Run every stage and write the signed manifest. Returns where it went and what it holds."""
     timer = timer or PhaseTimer()
-    say = progress or (lambda msg: sys.stderr.write(f"capture: {msg}\n"))
+
+    def to_stderr(msg: str) -> None:
+        sys.stderr.write(f"capture: {msg}\n")
+
+    say = progress or to_stderr
     stem = config.source.removeprefix("example:") if config.source.startswith("example:") else Path(config.source).stem
     output = Path(opts.output) if opts.output else default_output(stem or config.name)
     if not output.parent.is_dir():

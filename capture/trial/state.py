@@ -29,7 +29,7 @@ import random
 import sys
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 COMPONENTS = (
     "model",
@@ -86,7 +86,8 @@ def capture_rng(device: Any, own_device_only: bool = False) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    np_state = np.random.get_state()
+    # the legacy tuple of the global MT19937 (numpy's stubs pick the dict overload for the default call)
+    np_state = cast("tuple[str, Any, int, int, float]", np.random.get_state())
     state: dict[str, Any] = {
         "rng_python": random.getstate(),
         # numpy's state as a tensor and ints, so that torch.load(weights_only=True) can read it.
@@ -190,7 +191,7 @@ def load_model_state(model: Any, saved: Mapping[str, Any], adapter_only: bool = 
     if adapter_only and is_adapter(model):
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, dict(saved))
+        result: Any = set_peft_model_state_dict(model, dict(saved))  # peft annotates it as a bare namedtuple
         if result.unexpected_keys:
             raise RuntimeError(f"the adapter state has keys this model lacks: {', '.join(result.unexpected_keys[:3])}")
         return

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import torch
@@ -225,8 +225,8 @@ def count_params(model: torch.nn.Module) -> tuple[int, int]:
             continue
         seen.add(id(p))
         n = p.numel()
-        if type(p).__name__ == "Params4bit" and getattr(p, "quant_state", None) is not None:
-            n = int(p.quant_state.shape.numel())
+        if type(p).__name__ == "Params4bit" and (qs := getattr(p, "quant_state", None)) is not None:
+            n = int(qs.shape.numel())
         total += n
         trainable += n if p.requires_grad else 0
     return total, trainable
@@ -261,7 +261,7 @@ def assemble(config: TrialConfig, device: torch.device, model: torch.nn.Module, 
     optimizer, opt_info = build_optimizer(model, config, optimizer_device or device)
     scheduler, sched_info = build_scheduler(optimizer, config)
     scaler = torch.amp.GradScaler(device.type) if config.precision.dtype == "fp16" else None
-    vocab = int(model.config.get_text_config().vocab_size)
+    vocab = int(cast(Any, model.config).get_text_config().vocab_size)  # a transformers config, not a module
     data = data_mod.build_data(config, vocab, tokenizer_dir)
     loader = PackedLoader(data.train, config.batch.micro_batch_size, config.seed, device, longest_first=data.longest_first)
     loss = Loss(model, config, device)

@@ -430,10 +430,9 @@ class LayerModel:
         """Backward of one layer: input gradients as transients, weight gradients through
         ``grads(linear)`` (which allocates them), the layer's saved tensors released."""
         s, p, T, h, i = self.s, self.p, self.T, self.s.hidden, self.s.intermediate
-        weight_grads = grads
 
-        def grads(lin: Linear) -> None:
-            weight_grads(lin)
+        def lin_grads(lin: Linear) -> None:
+            grads(lin)
             w = run.cast_of.pop(lin.name, -1)
             tr.free(w)
             if w > 0:
@@ -442,14 +441,14 @@ class LayerModel:
         # MLP: grad of the down projection's input, the product's operands, the gate
         gp = tr.alloc(p.a * i * T, "transient")
         for lin in s.by_role("mlp_out"):
-            grads(lin)
+            lin_grads(lin)
         g_act = tr.alloc(p.a * i * T, "transient")
         g_up = tr.alloc(p.a * i * T, "transient")
         tr.free(gp)
         g_gate = tr.alloc(p.a * i * T, "transient")
         tr.free(g_act)
         for lin in s.by_role("mlp_in"):
-            grads(lin)
+            lin_grads(lin)
         g_y2 = tr.alloc(p.r * h * T, "transient")
         tr.free(g_gate, g_up)
         tr.free(*run.saved[run.mlp_start:])
@@ -458,7 +457,7 @@ class LayerModel:
         # attention: o_proj input grad, the kernel's q/k/v grads (fp32 dq accumulator on flash)
         g_o = tr.alloc(p.a * s.q_width * T, "transient")
         for lin in s.by_role("attn_out"):
-            grads(lin)
+            lin_grads(lin)
         if self.attn == "eager":
             per = s.heads * self.S * T
             g_p = tr.alloc(p.a * per, "transient")
@@ -476,7 +475,7 @@ class LayerModel:
             tr.free(acc)
         tr.free(g_o)
         for lin in s.by_role("attn_in"):
-            grads(lin)
+            lin_grads(lin)
         g_y = tr.alloc(p.r * h * T, "transient")
         tr.free(g_q, g_k, g_v)
         tr.free(*run.saved[:run.mlp_start])

@@ -24,7 +24,7 @@ import importlib.util
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -34,7 +34,8 @@ from capture.trial.build.model_config import Resolved, first_line, resolve, tran
 from capture.trial.config import TrialConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# keyed by dtype; object: also looked up with whatever getattr finds on a layer
+SHORT: dict[object, str] = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ATTN_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface", "flash-attn 3 (hopper build)")}
 def extra_hint(module: str) -> str:
     """``pip install 'capture-stack[qlora]'``: the extra that provides ``module`` (capture._extras)."""
@@ -163,7 +164,7 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
                 warnings.simplefilter("ignore")
                 model = AutoModelForCausalLM.from_pretrained(str(r.weights_dir), **load)
             if m.quantization == "none" and folder_quant is None:
-                model.to(device)
+                model.to(device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to in functools.wraps
     except (ImportError, ValueError) as exc:
         text = str(exc)
         if "attn" in text.lower() or "flash" in text.lower() or "attention" in text.lower():
@@ -224,7 +225,7 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def quantize_linears(model: torch.nn.Module, quantization: str, compute: torch.dtype, device: torch.device) -> int:
+def quantize_linears(model: Any, quantization: str, compute: torch.dtype, device: torch.device) -> int:
     """Replace every ``nn.Linear`` but the output embedding by bitsandbytes' quantized layer, one at
     a time (the full-precision weight is freed as its layer is quantized). Returns how many."""
     import bitsandbytes as bnb
@@ -237,6 +238,7 @@ def quantize_linears(model: torch.nn.Module, quantization: str, compute: torch.d
                 continue
             w = child.weight.data
             if quantization == "nf4":
+                q: torch.nn.Module
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
                                       compute_dtype=compute, quant_type="nf4", compress_statistics=True, device="meta")
                 q.weight = bnb.nn.Params4bit(w.to(compute), requires_grad=False, quant_type="nf4", compress_statistics=True)
@@ -291,7 +293,7 @@ def apply_lora(model: torch.nn.Module, config: TrialConfig) -> tuple[torch.nn.Mo
     kwargs: dict[str, Any] = dict(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, task_type="CAUSAL_LM")
     if lc.target_modules is not None:
         kwargs["target_modules"] = lc.target_modules if isinstance(lc.target_modules, str) else list(lc.target_modules)
-    if model.config.model_type == "gpt2":
+    if cast(Any, model.config).model_type == "gpt2":  # a transformers config, not a module
         kwargs["fan_in_fan_out"] = True  # GPT-2 stores its projections as Conv1D (transposed)
     linear_names = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if _is_linear(mod)})
     try:

@@ -47,7 +47,8 @@ def preflight_section(m: Mapping[str, Any]) -> Section:
 
 
 def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
-    s = t.get(col) if isinstance(t.get(col), Mapping) else {}
+    got = t.get(col)
+    s = got if isinstance(got, Mapping) else {}
     if key == "fits":
         return "-" if not s else ("no (out of memory)" if s.get("fits") is False else "yes")
     if s.get("fits") is False:  # out of memory: a verdict, no figures
@@ -56,7 +57,8 @@ def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
         v = s.get("throughput_tokens_per_s")
         return f"{number_str(v)} tok/s" if _is_num(v) else "-"
     if key == "efficiency":
-        ref = t.get("efficiency_reference") if isinstance(t.get("efficiency_reference"), Mapping) else {}
+        got = t.get("efficiency_reference")
+        ref = got if isinstance(got, Mapping) else {}
         if col == "baseline" and ref.get("world_size", 1) == 1:
             return "1 (by definition)"
         return number_str(s.get("efficiency")) if _is_num(s.get("efficiency")) else "-"
@@ -72,7 +74,8 @@ def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
         share = s.get("comm_share")
         return percent_str(share) if _is_num(share) else ("-" if col == "baseline" else "not attributable")
     if key == "restore":
-        rec = s.get("recovery") if isinstance(s.get("recovery"), Mapping) else {}
+        got = s.get("recovery")
+        rec = got if isinstance(got, Mapping) else {}
         return str(rec.get("verdict", "-"))
     return "-"
 
@@ -88,11 +91,13 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
         sec.status = _skipped(t)
         return sec
     n = t.get("world_size", "?")
-    coll = t.get("collective") if isinstance(t.get("collective"), Mapping) else {}
+    got = t.get("collective")
+    coll = got if isinstance(got, Mapping) else {}
     sec.status = str(t.get("reading") or f"{n} ranks")
     sec.rows.append(("ranks", f"{n} on {t.get('device_type', '?')}"
                      + (f", {coll.get('library')} {coll.get('version', '')}".rstrip() if coll.get("library") else "")))
-    batch = t.get("batch") if isinstance(t.get("batch"), Mapping) else {}
+    got = t.get("batch")
+    batch = got if isinstance(got, Mapping) else {}
     if _is_num(batch.get("tokens_per_optimizer_step")):
         sec.rows.append(("global batch", f"{number_str(batch['tokens_per_optimizer_step'])} tokens per optimizer step "
                          f"for every column (per rank {batch.get('per_rank_micro_batch', '?')} x "
@@ -110,7 +115,8 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
         sec.rows.append(("memory basis", str(basis)))
     if t.get("efficiency_definition"):
         sec.rows.append(("efficiency", str(t["efficiency_definition"])))
-    ref = t.get("efficiency_reference") if isinstance(t.get("efficiency_reference"), Mapping) else {}
+    got = t.get("efficiency_reference")
+    ref = got if isinstance(got, Mapping) else {}
     if ref.get("basis"):
         sec.rows.append(("efficiency against", f"{ref.get('shape', '?')}: {ref['basis']}"))
     for c in cols:
@@ -161,7 +167,8 @@ def verdict_panel(m: Mapping[str, Any], signature: str | None = None, cost: Any 
     if pre and pre.get("verdict"):
         add("preflight", str(pre["verdict"]))
     fit = _table(m, "trial.fit") or {}
-    cards = fit.get("cards") if isinstance(fit.get("cards"), list) else []  # a signed file may hold any type here
+    got = fit.get("cards")  # a signed file may hold any type here
+    cards = got if isinstance(got, list) else []
     tested = next((c for c in cards if isinstance(c, Mapping) and c.get("tested") is True), None)
     if isinstance(fit.get("fits"), bool):
         head = tested.get("headroom_fraction") if tested else None

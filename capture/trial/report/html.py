@@ -124,14 +124,14 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     bars += [(label, [(label, v)]) for label, v in measured_bars(meas)]
     if not bars:
         return ""
-    caps = [(str(_first(c, "name", "card", "model") or "?"), _card_capacity(c)) for c in fit_cards(m)]
+    card_caps = [(str(_first(c, "name", "card", "model") or "?"), _card_capacity(c)) for c in fit_cards(m)]
     dev = _get(m, "accelerator.memory_per_device_bytes")
     if not (_is_num(dev) and dev > 0):
         dev = meas.get("device_total_bytes")
     if _is_num(dev) and dev > 0:
-        caps.append(("this device", float(dev)))
+        card_caps.append(("this device", float(dev)))
     merged: dict[float, list[str]] = {}
-    for name, cap in caps:
+    for name, cap in card_caps:
         if cap:
             merged.setdefault(cap, []).append(name)
     caps = [(" = ".join(names), cap) for cap, names in sorted(merged.items())]

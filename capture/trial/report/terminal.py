@@ -93,8 +93,8 @@ def render_terminal(manifest: Mapping[str, Any], colour: bool | None = None, wid
             rows = Table.grid(padding=(0, 2, 0, 0))
             rows.add_column(width=key_w)
             rows.add_column()
-            for k, v in sec.rows:
-                rows.add_row(_text(k), _text(v))
+            for k, val in sec.rows:
+                rows.add_row(_text(k), _text(val))
             con.print(Padding(rows, (0, 0, 0, LABEL_WIDTH)))
         for grid in sec.grids:
             cols = [Column(h) for h in grid.headers]

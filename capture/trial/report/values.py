@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
 
@@ -33,7 +33,7 @@ def _first(table: Mapping[str, Any] | None, *keys: str) -> Any:
     return None
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
