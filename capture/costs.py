@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture.fmt import MISSING, number_str, seconds_str
+from capture.manifest import dig, table_at
 from capture.trial.cost import Projection, project
 
 TRIAL_COST = "trial cost"
@@ -49,14 +50,6 @@ def default_currency() -> str:
 def _num(v: Any) -> float | None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     return float(v) if ok else None
-
-
-def _dig(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, Mapping) or part not in data:
-            return None
-        data = data[part]
-    return data
 
 
 # --------------------------------------------------------------------------- flags
@@ -132,17 +125,17 @@ def default_target() -> Target:
 
 def manifest_price(data: Mapping[str, Any], currency: str | None = None) -> Price | None:
     """The price the trial recorded, in its recorded currency (else ``currency``, else the catalog's)."""
-    own = _num(_dig(data, "trial.cost.price_per_hour"))
+    own = _num(dig(data, "trial.cost.price_per_hour"))
     if not own or own <= 0:
         return None
-    cur = _dig(data, "trial.cost.currency")
+    cur = dig(data, "trial.cost.currency")
     cur = cur if isinstance(cur, str) and cur else (currency or default_currency())
-    return Price(own, f"manifest ({_dig(data, 'trial.cost.price_source') or 'recorded price'})", cur)
+    return Price(own, f"manifest ({dig(data, 'trial.cost.price_source') or 'recorded price'})", cur)
 
 
 def recorded_currency(data: Mapping[str, Any]) -> str:
     """The currency of a manifest's own figures: recorded with its price, else the catalog's."""
-    cur = _dig(data, "trial.cost.currency")
+    cur = dig(data, "trial.cost.currency")
     return cur if isinstance(cur, str) and cur else default_currency()
 
 
@@ -251,8 +244,7 @@ def figures(data: Mapping[str, Any], *, price: Price | None = OWN, currency: str
     """The three figures of a manifest. Defaults read the single-device run at the manifest's own
     price and currency and :func:`default_target`; a scaling strategy passes its own devices,
     tokens/s and tokens per step (its step time follows). ``price=None``: no price."""
-    stats = _dig(data, "trial.stats")
-    stats = stats if isinstance(stats, Mapping) else {}
+    stats = table_at(data, "trial.stats")
     tps = _num(stats.get("tokens_per_s") if tokens_per_s is OWN else tokens_per_s)
     per_step = _num(stats.get("tokens_per_step") if tokens_per_step is OWN else tokens_per_step)
     step_mean = _num(stats.get("step_time_mean_s") if step_time_mean_s is OWN else step_time_mean_s)
@@ -268,12 +260,12 @@ def figures(data: Mapping[str, Any], *, price: Price | None = OWN, currency: str
         note = "no price: give --price (decide) or --price-per-hour (trial), or a catalog price_per_hour"
     if tps is None and note is None:
         note = "no measured tokens/s"
-    wall = _num(_dig(data, "trial.cost.wall_total_s"))
-    trained = _num(_dig(data, "trial.cost.trained_tokens"))
+    wall = _num(dig(data, "trial.cost.wall_total_s"))
+    trained = _num(dig(data, "trial.cost.trained_tokens"))
     trial_cost = None
     if price is not None and wall is not None:
-        recorded = _num(_dig(data, "trial.cost.trial_cost"))
-        same = _num(_dig(data, "trial.cost.price_per_hour")) == price.per_device_hour
+        recorded = _num(dig(data, "trial.cost.trial_cost"))
+        same = _num(dig(data, "trial.cost.price_per_hour")) == price.per_device_hour
         trial_cost = recorded if (same and recorded is not None) else wall / 3600 * price.per_device_hour
     steady = price.per_device_hour * devices / 3600 / tps * 1e6 if (price is not None and tps) else None
     proj = projection(data, target, per_step, step_mean)
@@ -286,13 +278,13 @@ def projection(data: Mapping[str, Any], target: Target, tokens_per_step: float |
     """Time to ``target`` from the manifest's own measured figures, as `capture trial` projects."""
     if not tokens_per_step or not step_time_mean_s:
         return None
-    phases = _dig(data, "trial.cost.phases")
+    phases = dig(data, "trial.cost.phases")
     fixed = sum(_num(phases.get(k)) or 0.0 for k in ("import_framework_s", "device_context_s", "load_s")) \
         if isinstance(phases, Mapping) else 0.0
-    val_every = _num(_dig(data, "trial.run.validation_schedule.every_steps")) \
-        or _num(_dig(data, "trial.validation.every_steps")) or 0
-    ckpt_every = _num(_dig(data, "trial.run.checkpoint_schedule.every_steps")) \
-        or _num(_dig(data, "trial.checkpoint.every_steps")) or 0
+    val_every = _num(dig(data, "trial.run.validation_schedule.every_steps")) \
+        or _num(dig(data, "trial.validation.every_steps")) or 0
+    ckpt_every = _num(dig(data, "trial.run.checkpoint_schedule.every_steps")) \
+        or _num(dig(data, "trial.checkpoint.every_steps")) or 0
     return project(target.tokens, target.source, int(tokens_per_step), step_time_mean_s,
-                   _num(_dig(data, "trial.validation.duration_s")), int(val_every) or 1 << 62,
-                   _num(_dig(data, "trial.checkpoint.duration_s")), int(ckpt_every), fixed)
+                   _num(dig(data, "trial.validation.duration_s")), int(val_every) or 1 << 62,
+                   _num(dig(data, "trial.checkpoint.duration_s")), int(ckpt_every), fixed)

@@ -75,6 +75,22 @@ SECTION_ORDER = (
 )
 
 
+def dig(data: Any, dotted: str) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"``, or None where any step is missing or not a table."""
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def table_at(data: Any, dotted: str) -> Mapping[str, Any]:
+    """The table :func:`dig` finds, or an empty one where it finds none or something else: a
+    file, signed or not, may hold any type at any key."""
+    value = dig(data, dotted)
+    return value if isinstance(value, Mapping) else {}
+
+
 def utc_now() -> str:
     """Creation time in UTC, second precision, RFC 3339 with a Z."""
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -19,8 +19,8 @@ from capture import costs
 from capture.costs import CostFigures, Price, Target
 from capture.decide.runs import Run, RunDefinition
 from capture.errors import UsageError
+from capture.manifest import dig, table_at
 from capture.results.compare import significant
-from capture.results.summary import dig
 from capture.trial.fit import Catalog
 from capture.trial.measure import first_nonfinite
 from capture.trial.report.checks import HIGH_CV
@@ -220,8 +220,7 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     out.append(make("single", 1, tps, _num(stats.get("step_time_median_s")), _num(stats.get("step_time_cv")),
                     1.0 if tps else None, peak, recovery, _num(stats.get("tokens_per_step")),
                     _num(stats.get("step_time_mean_s")), notes))
-    got = d.get("scaling")
-    scaling = got if isinstance(got, Mapping) else {}
+    scaling = table_at(d, "scaling")
     world = scaling.get("world_size")
     for strategy in ("ddp", "fsdp"):
         s = scaling.get(strategy)
@@ -229,8 +228,7 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
             continue
         stps = _num(s.get("throughput_tokens_per_s"))
         per_step = _num(s.get("tokens_per_optimizer_step"))
-        got = s.get("recovery")
-        rec = got if isinstance(got, Mapping) else {}
+        rec = table_at(s, "recovery")
         out.append(make(strategy, world, stps, _num(s.get("step_time_median_s")), _num(s.get("step_time_cv")),
                         _num(s.get("efficiency")), _num(s.get("peak_memory_per_rank_bytes")),
                         rec.get("verdict"), per_step, per_step / stps if per_step and stps else None,

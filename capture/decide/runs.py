@@ -16,7 +16,8 @@ from typing import Any
 
 from capture.errors import EXIT_MALFORMED, EXIT_USAGE, CaptureError, UsageError
 import capture.verify.walk as walk
-from capture.results.summary import ExecRecord, content_id, dig, exec_record
+from capture.manifest import dig, table_at
+from capture.results.summary import ExecRecord, content_id, exec_record
 from capture.verify.open import OpenedManifest, open_manifest
 
 SKIP_DIRS = {".git", ".capture", "site", "node_modules", "__pycache__"}
@@ -171,8 +172,7 @@ def run_definition(data: Mapping[str, Any]) -> RunDefinition:
     run = dig(data, "trial.run") or {}
     if not isinstance(run, Mapping):
         run = {}
-    got = run.get("precision")
-    prec = got if isinstance(got, Mapping) else {}
+    prec = table_at(run, "precision")
     precision = _text(prec.get("dtype")) + (" autocast" if prec.get("autocast") else "")
     batch = run.get("tokens_per_step")
     if batch is None and isinstance(run.get("max_seq_len"), int) and isinstance(run.get("micro_batch_size"), int):

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from capture import costs
-from capture.results.summary import RunSummary, dig, summarize
+from capture.manifest import dig, table_at
+from capture.results.summary import RunSummary, summarize
 from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy
@@ -178,8 +179,7 @@ def _package_version(entry: Any) -> str:
 
 
 def _packages(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    p = dig(data, "python.packages")
-    return p if isinstance(p, Mapping) else {}
+    return table_at(data, "python.packages")
 
 
 def stack_differences(a: Mapping[str, Any], b: Mapping[str, Any], policy: Policy | None = None) -> list[Difference]:

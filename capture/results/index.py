@@ -15,6 +15,7 @@ from typing import Any
 from capture.errors import ManifestError
 from capture.costs import DEFAULT_TARGET_TOKENS, money_str
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
+from capture.manifest import table_at
 
 INDEX_JSON = "index.json"
 INDEX_MD = "index.md"
@@ -82,8 +83,7 @@ _MD_COLUMNS = (
 def _cost(r: Mapping[str, Any], key: str) -> str:
     """One of the three cost figures (docs/decide.md) with its currency; a row pinned before they
     existed shows its trial cost per million trained tokens under that name."""
-    got = r.get("costs")
-    c = got if isinstance(got, Mapping) else {}
+    c = table_at(r, "costs")
     if c.get(key) is not None:
         return money_str(c[key], c.get("currency"))
     if key == "trial_cost" and r.get("cost_per_million_tokens") is not None:
@@ -92,8 +92,7 @@ def _cost(r: Mapping[str, Any], key: str) -> str:
 
 
 def _projected(r: Mapping[str, Any]) -> str:
-    got = r.get("costs")
-    c = got if isinstance(got, Mapping) else {}
+    c = table_at(r, "costs")
     if c.get("projected_time_s") is None:
         return "-"
     cost = f"{money_str(c['projected_cost'], c.get('currency'))}, " if c.get("projected_cost") is not None else ""

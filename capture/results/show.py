@@ -15,7 +15,8 @@ from typing import Any
 
 from capture._escape import printable, printable_lines
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
-from capture.results.summary import RunSummary, dig, summarize
+from capture.manifest import dig
+from capture.results.summary import RunSummary, summarize
 from capture.verify.open import SignatureStatus, open_manifest
 
 log = logging.getLogger(__name__)

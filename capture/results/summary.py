@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from capture.manifest import dig, table_at
+
 
 CONTENT_ID_HEX = 12
 
@@ -21,15 +23,6 @@ CONTENT_ID_HEX = 12
 def content_id(raw: bytes) -> str:
     """The short content id of a manifest file: the first 12 hex digits of sha256(bytes)."""
     return hashlib.sha256(raw).hexdigest()[:CONTENT_ID_HEX]
-
-
-def dig(data: Any, dotted: str) -> Any:
-    """``data["a"]["b"]`` for ``"a.b"``, or None where any step is missing or not a table."""
-    for part in dotted.split("."):
-        if not isinstance(data, Mapping) or part not in data:
-            return None
-        data = data[part]
-    return data
 
 
 def _number(value: Any) -> float | int | None:
@@ -146,8 +139,7 @@ def figures(data: Mapping[str, Any]) -> Figures:
 def memory_basis(data: Mapping[str, Any], source: str) -> str:
     """What a peak-memory figure measures: a CPU run's device figure is the host's RSS, a GPU's
     is the device's (NVML/amdsmi), the allocator's view leaves the runtime's own memory out."""
-    measured = dig(data, "trial.memory.measured")
-    measured = measured if isinstance(measured, Mapping) else {}
+    measured = table_at(data, "trial.memory.measured")
     if source == "device_used":
         how = str(measured.get("device_used_source") or "")
         if measured.get("device_type") == "cpu" or "RSS" in how:
@@ -220,10 +212,7 @@ class RunSummary:
 def summarize(data: Mapping[str, Any], raw: bytes, path: str | None = None,
               signer: str | None = None, signer_fingerprint: str | None = None) -> RunSummary:
     """Summarise a parsed manifest; ``raw`` is the whole file (its hash is the content id)."""
-    got = data.get("accelerator")
-    acc = got if isinstance(got, Mapping) else {}
-    got = data.get("framework")
-    fw = got if isinstance(got, Mapping) else {}
+    acc, fw = table_at(data, "accelerator"), table_at(data, "framework")
     vendor = acc.get("vendor")
     model = acc.get("model")
     count = acc.get("count") if isinstance(acc.get("count"), int) else None

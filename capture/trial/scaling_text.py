@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capture.fmt import bytes_str
+from capture.manifest import table_at
 from capture.trial.scaling_args import STRATEGIES
 
 TIE_FRACTION = 0.05
@@ -17,11 +18,6 @@ def _better(a: float, b: float, higher_is_better: bool) -> int:
     if max(abs(a), abs(b)) == 0 or abs(a - b) <= TIE_FRACTION * max(abs(a), abs(b)):
         return 0
     return (1 if a > b else -1) * (1 if higher_is_better else -1)
-
-
-def _sub(table: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = table.get(key)
-    return value if isinstance(value, Mapping) else {}
 
 
 def _compare(d: Mapping[str, Any], f: Mapping[str, Any]) -> str:
@@ -62,8 +58,8 @@ def reading(table: Mapping[str, Any]) -> str:
     shapes = [s for s in STRATEGIES if isinstance(table.get(s), Mapping)]
     done = [s for s in shapes if table[s].get("throughput_tokens_per_s")]
     unfit = [s for s in shapes if table[s].get("fits") is False]
-    base = _sub(table, "baseline")
-    ref = _sub(table, "efficiency_reference")
+    base = table_at(table, "baseline")
+    ref = table_at(table, "efficiency_reference")
     one_device_fits = base.get("fits") is not False
     head = "" if one_device_fits else "one device does not fit; "
     if not done:
@@ -100,8 +96,8 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
     if t.get("skipped"):
         return f"scaling: skipped ({t['skipped']})"
     n = t.get("world_size", "?")
-    ref = _sub(t, "efficiency_reference")
-    columns: list[tuple[str, Mapping[str, Any]]] = [("1 device", _sub(t, "baseline"))]
+    ref = table_at(t, "efficiency_reference")
+    columns: list[tuple[str, Mapping[str, Any]]] = [("1 device", table_at(t, "baseline"))]
     columns += [(f"FSDP x{s.get('world_size')}", s) for s in t.get("smaller_shapes") or [] if isinstance(s, Mapping)]
     columns += [(f"{s.upper()} x{n}", t[s]) for s in STRATEGIES if isinstance(t.get(s), Mapping)]
 
@@ -130,7 +126,7 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
             share = s.get("comm_share")
             return f"{share:.1%}" if isinstance(share, float) else ("-" if baseline or s.get("fits") is False else "n/a")
         if key == "restore":
-            rec = _sub(s, "recovery")
+            rec = table_at(s, "recovery")
             verdict = str(rec.get("verdict", "-"))
             return "failed (below)" if verdict.startswith("failed") else verdict
         return "-"
@@ -143,7 +139,7 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
     header = [""] + [head for head, _ in columns]
     widths = [max(len(r[i]) for r in body + [header]) for i in range(len(header))]
     lines = []
-    batch, coll = _sub(t, "batch"), _sub(t, "collective")
+    batch, coll = table_at(t, "batch"), table_at(t, "collective")
     lines.append(f"scaling: {n} ranks on {t.get('device_type', '?')}, "
                  f"{coll.get('library', '?')} {coll.get('version', '')}".rstrip())
     if batch:
@@ -156,7 +152,7 @@ def render_scaling(scaling_table: Mapping[str, Any]) -> str:
     mem_basis = next((c.get("memory_basis") for _, c in columns if c.get("memory_basis")), None)
     if mem_basis:
         lines.append(f"  memory: {mem_basis}")
-    limit = _sub(t, "rank_memory_limit")
+    limit = table_at(t, "rank_memory_limit")
     if limit.get("bytes"):
         lines.append(f"  memory limit per rank: {bytes_str(limit['bytes'])}")
     for head, c in columns:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
+from capture.manifest import table_at
 from capture.trial.report.sections import Grid, Section, _generic_rows, _skipped, stack_line
 from capture.trial.report.values import NOT_MEASURED, _is_num, _table
 
@@ -47,8 +48,7 @@ def preflight_section(m: Mapping[str, Any]) -> Section:
 
 
 def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
-    got = t.get(col)
-    s = got if isinstance(got, Mapping) else {}
+    s = table_at(t, col)
     if key == "fits":
         return "-" if not s else ("no (out of memory)" if s.get("fits") is False else "yes")
     if s.get("fits") is False:  # out of memory: a verdict, no figures
@@ -57,8 +57,7 @@ def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
         v = s.get("throughput_tokens_per_s")
         return f"{number_str(v)} tok/s" if _is_num(v) else "-"
     if key == "efficiency":
-        got = t.get("efficiency_reference")
-        ref = got if isinstance(got, Mapping) else {}
+        ref = table_at(t, "efficiency_reference")
         if col == "baseline" and ref.get("world_size", 1) == 1:
             return "1 (by definition)"
         return number_str(s.get("efficiency")) if _is_num(s.get("efficiency")) else "-"
@@ -74,8 +73,7 @@ def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
         share = s.get("comm_share")
         return percent_str(share) if _is_num(share) else ("-" if col == "baseline" else "not attributable")
     if key == "restore":
-        got = s.get("recovery")
-        rec = got if isinstance(got, Mapping) else {}
+        rec = table_at(s, "recovery")
         return str(rec.get("verdict", "-"))
     return "-"
 
@@ -91,13 +89,11 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
         sec.status = _skipped(t)
         return sec
     n = t.get("world_size", "?")
-    got = t.get("collective")
-    coll = got if isinstance(got, Mapping) else {}
+    coll = table_at(t, "collective")
     sec.status = str(t.get("reading") or f"{n} ranks")
     sec.rows.append(("ranks", f"{n} on {t.get('device_type', '?')}"
                      + (f", {coll.get('library')} {coll.get('version', '')}".rstrip() if coll.get("library") else "")))
-    got = t.get("batch")
-    batch = got if isinstance(got, Mapping) else {}
+    batch = table_at(t, "batch")
     if _is_num(batch.get("tokens_per_optimizer_step")):
         sec.rows.append(("global batch", f"{number_str(batch['tokens_per_optimizer_step'])} tokens per optimizer step "
                          f"for every column (per rank {batch.get('per_rank_micro_batch', '?')} x "
@@ -115,8 +111,7 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
         sec.rows.append(("memory basis", str(basis)))
     if t.get("efficiency_definition"):
         sec.rows.append(("efficiency", str(t["efficiency_definition"])))
-    got = t.get("efficiency_reference")
-    ref = got if isinstance(got, Mapping) else {}
+    ref = table_at(t, "efficiency_reference")
     if ref.get("basis"):
         sec.rows.append(("efficiency against", f"{ref.get('shape', '?')}: {ref['basis']}"))
     for c in cols:

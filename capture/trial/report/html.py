@@ -15,12 +15,13 @@ from typing import Any
 
 from capture._atomic import atomic_write
 from capture.fmt import bytes_str, seconds_str
+from capture.manifest import dig
 from capture.trial.report.checks import verdict_panel
 from capture.trial.report.layout import sections
 from capture.trial.report.sections import (_card_capacity, _estimate_total, estimate_terms, fit_cards, measured_bars,
                                            step_stats, step_times, title)
 from capture.trial.report.terminal import status_state
-from capture.trial.report.values import _first, _get, _is_num, _table
+from capture.trial.report.values import _first, _is_num, _table
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:64em;color:#1d232a;padding:0 1em}
@@ -125,7 +126,7 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     if not bars:
         return ""
     card_caps = [(str(_first(c, "name", "card", "model") or "?"), _card_capacity(c)) for c in fit_cards(m)]
-    dev = _get(m, "accelerator.memory_per_device_bytes")
+    dev = dig(m, "accelerator.memory_per_device_bytes")
     if not (_is_num(dev) and dev > 0):
         dev = meas.get("device_total_bytes")
     if _is_num(dev) and dev > 0:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture.fmt import bytes_str, seconds_str
-from capture.trial.report.values import (NOT_MEASURED, _first, _get, _is_num, _label, _numbers, _table, fmt_value,
+from capture.manifest import dig
+from capture.trial.report.values import (NOT_MEASURED, _first, _is_num, _label, _numbers, _table, fmt_value,
                                          percentile)
 
 @dataclass
@@ -299,10 +300,10 @@ def _cost_section(m: Mapping[str, Any], cost: Any = None) -> Section:
     sec.rows = list(fig.texts())
     if fig.price is not None:
         sec.rows.append(("price", f"{fig.price.per_device_hour:g} {fig.currency} per device-hour ({fig.price.source})"))
-    own = _get(m, "trial.cost.projection.target_tokens")
+    own = dig(m, "trial.cost.projection.target_tokens")
     if _is_num(own) and own != fig.target.tokens:
         proj = costs.figures(m, price=fig.price, currency=fig.currency,
-                             target=costs.Target(int(own), str(_get(m, "trial.cost.projection.target_source") or "recorded")))
+                             target=costs.Target(int(own), str(dig(m, "trial.cost.projection.target_source") or "recorded")))
         sec.rows.append(("also, to the trial's own target", proj.projected_text()))
     sec.rows += _generic_rows(table, {"skipped", "phases", "projection", "price_per_hour", "price_source", "trial_cost",
                                       "cost_per_million_trained_tokens", "currency", "price_note"})
@@ -319,7 +320,7 @@ def _cost_section(m: Mapping[str, Any], cost: Any = None) -> Section:
 
 
 def fit_cards(m: Mapping[str, Any]) -> list[dict[str, Any]]:
-    fit = _get(m, "trial.fit")
+    fit = dig(m, "trial.fit")
     cards = fit.get("cards") if isinstance(fit, Mapping) else fit
     if not isinstance(cards, list):
         return []
@@ -509,7 +510,7 @@ def recovery_extras(rec: Mapping[str, Any], known: set[str]) -> tuple[list[tuple
 
 
 def title(m: Mapping[str, Any]) -> str:
-    name = _get(m, "trial.run.name") or _get(m, "trial.name")
+    name = dig(m, "trial.run.name") or dig(m, "trial.name")
     when = m.get("created_utc") if isinstance(m, Mapping) else None
     return "capture trial report" + (f": {name}" if name else "") + (f" ({when})" if when else "")
 

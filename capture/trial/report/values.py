@@ -7,20 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
+from capture.manifest import dig
 
 NOT_MEASURED = "not measured"
 
 
-def _get(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, Mapping) or part not in data:
-            return None
-        data = data[part]
-    return data
-
-
 def _table(data: Any, dotted: str) -> dict[str, Any] | None:
-    value = _get(data, dotted)
+    value = dig(data, dotted)
     return dict(value) if isinstance(value, Mapping) else None
 
 
