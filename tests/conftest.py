@@ -7,10 +7,16 @@
   (tests/fixtures/manifests/h200-trial-llama-1b.toml), to re-sign with ``test_signer``.
 - ``sign_body``: sign any bytes as a manifest body, bypassing `capture sign`'s own checks, as an
   attacker with a trusted key (or ssh-keygen) could.
+
+The terminal the suite is started from is not part of any test: ``COLUMNS`` and ``LINES`` are set
+to the width and height the commands use when there is no terminal (100 × 24) before any test runs,
+so an exported ``COLUMNS=80`` in the user's shell (or a pytest-xdist worker's) changes no result.
+A test about wrapping sets its own width.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +28,10 @@ TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "fixtures"
 if str(TESTS) not in sys.path:  # test modules import shared helpers (test_results_helpers, fakes)
     sys.path.insert(0, str(TESTS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ["COLUMNS"], os.environ["LINES"] = "100", "24"
 
 
 @pytest.fixture()

@@ -122,12 +122,25 @@ def test_home_and_its_parents_are_refused_but_a_folder_inside_is_not(tmp_path, c
     assert mounts.folder("--out", home / "results", must_exist=False) == home / "results"
 
 
-def test_sockets_and_devices_are_never_mounted(tmp_path, capsys):
+def _unix_socket(path: Path):
+    """A listening-capable Unix socket bound at ``path``, however long the temporary folder's path
+    is (a socket address holds 107 bytes; pytest-xdist's folders or a long TMPDIR pass that): bound
+    by its name from inside its folder."""
     import socket
 
-    sock_path = tmp_path / "docker.sock"
     sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(sock_path))
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        sock.bind(path.name)
+    finally:
+        os.chdir(here)
+    return sock
+
+
+def test_sockets_and_devices_are_never_mounted(tmp_path, capsys):
+    sock_path = tmp_path / "docker.sock"
+    sock = _unix_socket(sock_path)
     try:
         _refused(["--cache", str(sock_path)], capsys, "refusing to mount a socket")
         _refused(["--out", str(tmp_path / "o"), "--key", str(sock_path)], capsys, "refusing to mount a socket")
@@ -222,8 +235,6 @@ def test_code_is_read_only_so_it_may_live_inside_var_but_not_be_a_system_folder(
 def _corpus(tmp_path: Path, monkeypatch) -> dict[str, list[str]]:
     """name -> `capture run` arguments that must be refused (exit 2, one line, before Docker is asked).
     The home folder is a fake one here, with the credential folders a real one has."""
-    import socket
-
     home = tmp_path / "home" / "alice"
     for d in (".ssh", ".docker", ".aws", ".kube", ".gnupg", ".config/capture", ".config/gcloud", "project/.git", "keys"):
         (home / d).mkdir(parents=True)
@@ -233,8 +244,7 @@ def _corpus(tmp_path: Path, monkeypatch) -> dict[str, list[str]]:
     (home / "keys" / "signing").write_text("k")
     rootless = home / "rootless-docker"
     rootless.mkdir()
-    sock = socket.socket(socket.AF_UNIX)
-    sock.bind(str(rootless / "docker.sock"))
+    sock = _unix_socket(rootless / "docker.sock")
     monkeypatch.setattr(_corpus, "sock", sock, raising=False)
     (tmp_path / "link-to-etc").symlink_to("/etc")
     (home / "link-to-ssh").symlink_to(home / ".ssh")
