@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,14 @@ def make_dist(site: Path, name: str, version: str, direct_url: dict | str | None
     return dist
 
 
+def _fresh_sys_path() -> list[str]:
+    """sys.path of a fresh interpreter of this environment (this process may have grown its own:
+    the suite adds tests/, and importing setuptools appends setuptools/_vendor)."""
+    out = subprocess.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.path))"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+    return json.loads(out.stdout)
+
+
 def test_real_venv_matches_importlib_metadata() -> None:
     t0 = time.perf_counter()
     info = packages.probe(ProbeOptions())
@@ -40,7 +49,7 @@ def test_real_venv_matches_importlib_metadata() -> None:
     assert info.version == ".".join(map(str, sys.version_info[:3]))
     assert info.implementation == "CPython"
     expected: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():  # same order as import: first wins
+    for dist in importlib.metadata.distributions(path=_fresh_sys_path()):  # same order as import: first wins
         expected.setdefault(normalize_name(dist.metadata["Name"]), dist.version)
     assert {p.name: p.version for p in info.packages} == expected
     for name in ("torch", "gitpython", "huggingface-hub", "tomli-w", "capture-stack"):  # this project's distribution
@@ -50,7 +59,7 @@ def test_real_venv_matches_importlib_metadata() -> None:
 
 def test_real_venv_sources_follow_direct_url() -> None:
     info = packages.probe(ProbeOptions())
-    for dist in importlib.metadata.distributions():
+    for dist in importlib.metadata.distributions(path=_fresh_sys_path()):
         pkg = info.get(dist.metadata["Name"])
         assert pkg is not None
         if pkg.location != str(dist.locate_file("")):
@@ -115,6 +124,35 @@ def test_first_on_path_wins_and_shadowed_copies_are_noted(tmp_path: Path) -> Non
     assert (pkg.name, pkg.version, pkg.location) == ("dup-pkg", "2.0", str(first))
     assert pkg.shadowed == (f"1.0 in {second}",)
     assert pkg.to_manifest()["shadowed"] == [f"1.0 in {second}"]
+
+
+def test_a_packages_private_copies_on_sys_path_are_not_installed(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    make_dist(site, "tool", "1.0")
+    (site / "tool").mkdir()
+    (site / "tool" / "__init__.py").write_text("")
+    make_dist(site / "tool" / "_vendor", "vendored-only", "2.2.2")
+    info = packages.probe(ProbeOptions(), path=[str(site), str(site / "tool" / "_vendor")])
+    assert [p.name for p in info.packages] == ["tool"]
+
+
+def test_importing_setuptools_changes_nothing_a_fresh_interpreter_would_not_see(tmp_path: Path) -> None:
+    """The bug: a process that imported setuptools (torch.utils.cpp_extension and inductor do)
+    recorded setuptools' vendored packages, and `capture verify` in a fresh process reported each as
+    drift (exit 1). Measured here with the real setuptools of this environment."""
+    pytest.importorskip("setuptools")
+    code = ("import sys, json; n = len(sys.path); import setuptools; from capture.probes import packages;"
+            "print(json.dumps([sys.path[n:], [(p.name, p.version) for p in packages.scan()]]))")
+    after = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      cwd=tmp_path).stdout)
+    fresh = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from capture.probes import packages;"
+         "print(json.dumps([(p.name, p.version) for p in packages.scan()]))"],
+        capture_output=True, text=True, check=True, cwd=tmp_path).stdout)
+    added = [p for p in after[0] if not p.startswith("__editable__")]
+    if not any(Path(p).is_dir() and any(Path(p).glob("*.dist-info")) for p in added):
+        pytest.skip("this setuptools adds no folder of distributions to sys.path")
+    assert after[1] == fresh
 
 
 def test_zip_path_entry(tmp_path: Path) -> None:

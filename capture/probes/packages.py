@@ -214,12 +214,25 @@ def _is_zip(path: str) -> bool:
     return zipfile.is_zipfile(path)
 
 
+def inside_a_package(folder: str) -> bool:
+    """Whether ``folder`` lies inside an importable package (its parent holds ``__init__.py``): a
+    package's private copies of its dependencies, such as ``setuptools/_vendor``, which importing
+    setuptools (``torch.utils.cpp_extension`` does, and so does inductor) appends to ``sys.path``.
+    They are not installed in the environment: a fresh interpreter does not see them, so recording
+    them made ``capture verify`` report every such package as drift."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    return os.path.isfile(os.path.join(parent, "__init__.py"))
+
+
 def scan(path: Iterable[str] | None = None) -> list[Package]:
-    """Every distribution on ``path`` (default ``sys.path``); the first of a name wins, as in import."""
+    """Every distribution on ``path`` (default ``sys.path``); the first of a name wins, as in import.
+    Entries inside a package (:func:`inside_a_package`) are not an installation and are skipped."""
     first: dict[str, dict[str, Any]] = {}
     shadowed: dict[str, list[str]] = {}
     for entry in (sys.path if path is None else path):
         where = entry or os.getcwd()
+        if inside_a_package(where):
+            continue
         if os.path.isdir(where):
             found: Iterable[tuple[str, str, str | None]] = _scan_dir(where)
         elif os.path.isfile(where) and _is_zip(where):
