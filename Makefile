@@ -7,6 +7,9 @@ BIN      := $(VENV)/bin
 # TORCH_SPEC to the build that matches your driver.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The suite on up to four worker processes (pytest-xdist, in the dev extra), one test file per worker
+# at a time: a file's module fixtures are built once. `make test PYTEST_WORKERS=` runs it in one process.
+PYTEST_WORKERS ?= -n auto --maxprocesses=4 --dist loadfile
 
 .PHONY: setup test-setup trial test bench clean
 
@@ -33,7 +36,7 @@ trial: setup
 	@echo "capture is installed in $(BIN)/: run it as $(BIN)/capture, or \`. $(BIN)/activate\` first"
 
 test: test-setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/fingerprint_vs_collect_env.py
