@@ -17,6 +17,7 @@ difference anybody made.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -216,7 +217,13 @@ class Policy:
                    rules=tuple(rules), source=str(p))
 
     def rule_for(self, key: str) -> Rule | None:
-        """The rule that decides ``key``, or None when the field is not compared."""
+        """The rule that decides ``key``, or None when the field is not compared. Remembered per
+        (policy, field): every manifest repeats the same few hundred field names, and matching each
+        against every pattern again was a sixth of a type-fuzz run over show, compare and verify.
+        Long names (only a hostile file has them) are matched each time, not kept."""
+        return _rule_for(self, key) if len(key) <= 256 else self._decide(key)
+
+    def _decide(self, key: str) -> Rule | None:
         if _match_any(key, ALWAYS_IGNORED) and not any(fnmatch.fnmatchcase(key, r.pattern) for r in self.rules):
             return None
         for rule in self.rules:
@@ -228,3 +235,8 @@ class Policy:
             if fnmatch.fnmatchcase(key, pattern):
                 return Rule(pattern, "equal")
         return None
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _rule_for(policy: Policy, key: str) -> Rule | None:
+    return policy._decide(key)
