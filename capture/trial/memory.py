@@ -156,12 +156,15 @@ class Plan:
     grad_accum: int
 
 
-def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: str | None = None) -> Plan:
-    """Build the model of ``config`` on the meta device (no weights, no GPU) and read the plan."""
+def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: str | None = None,
+             built: tuple[Any, Any] | None = None) -> Plan:
+    """Build the model of ``config`` on the meta device (no weights, no GPU) and read the plan.
+    ``built``: what :func:`capture.trial.build.model.build_meta` returned for a config that differs
+    from this one only in its batch (a replay of many shapes of one model builds it once)."""
     from capture.trial.build import model as model_mod
 
     model: Any  # a transformers (or peft) model: its config and embeddings are not torch.nn.Module's
-    model, resolved = model_mod.build_meta(config)
+    model, resolved = built if built is not None else model_mod.build_meta(config)
     p = config.precision
     wb = 4 if p.autocast else {"bf16": 2, "fp16": 2, "fp32": 4}[p.dtype]
     mixed = p.autocast and p.dtype != "fp32"
