@@ -278,9 +278,8 @@ def projection(data: Mapping[str, Any], target: Target, tokens_per_step: float |
     """Time to ``target`` from the manifest's own measured figures, as `capture trial` projects."""
     if not tokens_per_step or not step_time_mean_s:
         return None
-    phases = dig(data, "trial.cost.phases")
-    fixed = sum(_num(phases.get(k)) or 0.0 for k in ("import_framework_s", "device_context_s", "load_s")) \
-        if isinstance(phases, Mapping) else 0.0
+    phases = table_at(data, "trial.cost.phases")
+    fixed = sum(_num(phases.get(k)) or 0.0 for k in ("import_framework_s", "device_context_s", "load_s"))
     val_every = _num(dig(data, "trial.run.validation_schedule.every_steps")) \
         or _num(dig(data, "trial.validation.every_steps")) or 0
     ckpt_every = _num(dig(data, "trial.run.checkpoint_schedule.every_steps")) \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import subprocess
@@ -34,6 +35,7 @@ def make_dist(site: Path, name: str, version: str, direct_url: dict | str | None
     return dist
 
 
+@functools.cache
 def _fresh_sys_path() -> list[str]:
     """sys.path of a fresh interpreter of this environment (this process may have grown its own:
     the suite adds tests/, and importing setuptools appends setuptools/_vendor)."""

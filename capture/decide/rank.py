@@ -199,9 +199,7 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
         return Config(run, card, count, strategy, tps, median, cv, eff, peak, mem_dev, recovery,
                       str(preflight) if preflight else None, figs, tuple(notes), loss_nonfinite_step=diverged)
 
-    stats = dig(d, "trial.stats") or {}
-    if not isinstance(stats, Mapping):
-        stats = {}
+    stats = table_at(d, "trial.stats")
     tps = _num(stats.get("tokens_per_s"))
     peak = _num(dig(d, "trial.fit.measured_bytes")) or _num(dig(d, "trial.memory.measured.device_used_bytes")) \
         or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))

@@ -151,9 +151,7 @@ def _text(v: Any, default: str = "?") -> str:
 def model_identity(data: Mapping[str, Any]) -> str:
     """``repo@commit[:12]``, a local path, or for a model built from a config its architecture and
     counted parameters (the config is its revision)."""
-    model = dig(data, "trial.run.model") or {}
-    if not isinstance(model, Mapping):
-        model = {}
+    model = table_at(data, "trial.run.model")
     rev = model.get("commit") or model.get("revision")
     rev = str(rev)[:12] if rev else None
     name = model.get("repo_id") or model.get("path")
@@ -169,9 +167,7 @@ def model_identity(data: Mapping[str, Any]) -> str:
 
 
 def run_definition(data: Mapping[str, Any]) -> RunDefinition:
-    run = dig(data, "trial.run") or {}
-    if not isinstance(run, Mapping):
-        run = {}
+    run = table_at(data, "trial.run")
     prec = table_at(run, "precision")
     precision = _text(prec.get("dtype")) + (" autocast" if prec.get("autocast") else "")
     batch = run.get("tokens_per_step")

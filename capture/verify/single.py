@@ -19,6 +19,7 @@ from typing import Any
 
 from capture._escape import printable
 from capture.errors import EXIT_DRIFT, EXIT_OK, CaptureError, ManifestError, NotAManifest, SignatureError
+from capture.manifest import table_at
 from capture.verify.compare import Difference, compare_manifests
 from capture.verify.open import OpenedManifest, SignatureStatus, Trust, open_manifest
 from capture.verify.policy import Policy
@@ -139,8 +140,7 @@ class LiveStack:
         code = self.code_for(recorded)
         if self._given is not None:
             return self._given, str(code) if code else None
-        table = recorded.get("probe")
-        probe: Mapping[str, Any] = table if isinstance(table, Mapping) else {}
+        probe = table_at(recorded, "probe")
         key = json.dumps([probe, str(code)], sort_keys=True, default=str)
         if key not in self._cache:
             from capture.fingerprint import collect

@@ -115,7 +115,7 @@ def scaling_section(m: Mapping[str, Any]) -> Section:
     if ref.get("basis"):
         sec.rows.append(("efficiency against", f"{ref.get('shape', '?')}: {ref['basis']}"))
     for c in cols:
-        s = t[c] if isinstance(t.get(c), Mapping) else {}
+        s = table_at(t, c)
         if s.get("fits") is False:
             sec.rows.append((heads[c], str(s.get("verdict", "does not fit")) + (f" ({s['oom']})" if s.get("oom") else "")))
     for note in t.get("notes") or []:
