@@ -308,7 +308,7 @@ def apply_lora(model: torch.nn.Module, config: TrialConfig) -> tuple[torch.nn.Mo
         unmatched = [t for t in lc.target_modules if not any(n == t or n.endswith("." + t) for n in adapted)]
         if unmatched:
             raise ConfigError(f"trial.lora.target_modules: {', '.join(unmatched)} match no module of "
-                              f"{type(model.get_base_model()).__name__}",
+                              f"{type(cast(Any, model).get_base_model()).__name__}",
                               f"this model's linear layers: {', '.join(linear_names)} (or \"all-linear\")")
     return model, lora_facts(model, config)
 

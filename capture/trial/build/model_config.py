@@ -40,7 +40,7 @@ def _known_config_keys(hf_config: Any) -> set[str]:
     keys: set[str] = set()
     for cls in type(hf_config).__mro__:
         if isinstance(cls, type) and issubclass(cls, PretrainedConfig):
-            keys |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+            keys |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}  # type: ignore[misc]
     keys |= set(vars(type(hf_config)()))
     return keys
 
