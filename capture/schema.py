@@ -126,11 +126,11 @@ def _is(v: Any, want: str) -> bool:
     if want == BOOL:
         return isinstance(v, bool)
     if want == TABLE:
-        return isinstance(v, Mapping)
+        return type(v) is dict or isinstance(v, Mapping)
     if want == ARRAY:
         return isinstance(v, list)
     if want == TABLES:
-        return isinstance(v, list) and all(isinstance(x, Mapping) for x in v)
+        return isinstance(v, list) and all(type(x) is dict or isinstance(x, Mapping) for x in v)
     if want == STRS:
         return isinstance(v, list) and all(isinstance(x, str) for x in v)
     raise AssertionError(want)
@@ -183,28 +183,40 @@ def validate(data: Mapping[str, Any], source: str = "manifest") -> None:
             f"{source}: the body holds a 'signature' table that is not the trailer (a line other than exactly "
             "[signature], a dotted key or an inline table): not a signed manifest",
             "a signed manifest ends with a line that reads exactly [signature]; re-sign it with `capture sign`")
-    # Iterative walk: a hostile file must not exhaust the Python stack here either.
+    # Iterative walk: a hostile file must not exhaust the Python stack here either. It runs on every
+    # manifest read (verify DIR, decide), so the common types are tested by `type(...) is` first and the
+    # path of a value is only spelled out when it fails.
     stack: list[tuple[tuple[str, ...], Any, tuple[_Node, ...]]] = [((), data, (_ROOT,))]
     while stack:
         path, value, nodes = stack.pop()
-        if len(path) > MAX_DEPTH:
-            raise _fail(source, _shown(path[:MAX_DEPTH]) or "the file", f"nests more than {MAX_DEPTH} tables or arrays deep")
+        kind = type(value)
         if path:
-            want = next((n[""] for n in nodes if "" in n), None)
-            if want is not None and not _is(value, want):
-                raise _fail(source, _shown(path), f"must be {want}, found {_type_name(value)}")
-            key = path[-1]
-            if (want is None and key.endswith(_UNIT_SUFFIXES) and not isinstance(value, (list, Mapping))
-                    and not _is(value, NUM)):
+            if len(path) > MAX_DEPTH:
+                raise _fail(source, _shown(path[:MAX_DEPTH]), f"nests more than {MAX_DEPTH} tables or arrays deep")
+            want = None
+            for n in nodes:
+                if "" in n:
+                    want = n[""]
+                    break
+            if want is not None:
+                if not _is(value, want):
+                    raise _fail(source, _shown(path), f"must be {want}, found {_type_name(value)}")
+            elif (kind is not dict and kind is not list and path[-1].endswith(_UNIT_SUFFIXES)
+                  and not isinstance(value, (list, Mapping)) and not _is(value, NUM)):
                 raise _fail(source, _shown(path), f"must be a number (its name carries a unit), found {_type_name(value)}")
-        if isinstance(value, Mapping):
+        if kind is dict or (kind is not list and isinstance(value, Mapping)):
             for k, v in value.items():
-                if _CONTROL.search(k):
+                if not k.isprintable() and _CONTROL.search(k):  # printable text has no control characters
                     raise _fail(source, _shown(path) or "the file", f"has a key with control characters: {k!r}")
                 stack.append((path + (k,), v, _children(nodes, k) if nodes else _NO_NODES))
-        elif isinstance(value, list):
+        elif kind is list or isinstance(value, list):
             for i, v in enumerate(value):
                 stack.append((path + (str(i),), v, _children(nodes, str(i)) if nodes else _NO_NODES))
+        elif kind is float:
+            if not math.isfinite(value):
+                raise _fail(source, _shown(path), f"is {value}, which capture never writes (non-finite numbers are stored as strings)")
+        elif kind is str or kind is int or kind is bool:
+            pass
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise _fail(source, _shown(path), f"is {value}, which capture never writes (non-finite numbers are stored as strings)")
