@@ -7,6 +7,8 @@
   (tests/fixtures/manifests/h200-trial-llama-1b.toml), to re-sign with ``test_signer``.
 - ``sign_body``: sign any bytes as a manifest body, bypassing `capture sign`'s own checks, as an
   attacker with a trusted key (or ssh-keygen) could.
+- ``tiny_cpu_trial``: one real tiny trial on this CPU (no recovery, no report, 2.5 an hour, a target of
+  1e6 tokens), run once per test session even across pytest-xdist workers; the readers' tests copy it.
 
 The terminal the suite is started from is not part of any test: ``COLUMNS`` and ``LINES`` are set
 to the width and height the commands use when there is no terminal (100 × 24) before any test runs,
@@ -16,7 +18,9 @@ A test about wrapping sets its own width.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,3 +87,34 @@ def h200_body() -> bytes:
 @pytest.fixture()
 def sign_body(test_signer: KeySigner) -> Callable[[bytes], bytes]:
     return test_signer.sign
+
+
+@dataclass(frozen=True)
+class TinyTrial:
+    path: Path
+    """The signed manifest (read it, copy it; do not change it: other tests read the same file)."""
+    allowed: Path
+    """An allowed-signers file that trusts the key it was signed with."""
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_trial(tmp_path_factory: pytest.TempPathFactory) -> TinyTrial:
+    """`capture trial --example tiny --no-report --no-recovery --price-per-hour 2.5 --target-tokens 1e6`
+    in its own HOME, once per session: the first pytest-xdist worker to ask runs it under a lock in
+    the session's shared temporary folder, the others wait for it and read the same files."""
+    base = tmp_path_factory.getbasetemp()
+    # Under pytest-xdist a worker's folder is pytest-N/popen-gwK/: pytest-N/ belongs to this session.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work = shared / "tiny-cpu-trial"
+    out, allowed = work / "tiny.toml", work / ".config" / "capture" / "allowed_signers"
+    with open(shared / "tiny-cpu-trial.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            work.mkdir(exist_ok=True)
+            env = dict(os.environ, HOME=str(work), XDG_CONFIG_HOME=str(work / ".config"), CAPTURE_LOG_LEVEL="ERROR")
+            env.pop("CAPTURE_KEY", None)
+            proc = subprocess.run([sys.executable, "-m", "capture", "trial", "--example", "tiny", "-o", str(out),
+                                   "--no-report", "--no-recovery", "--price-per-hour", "2.5", "--target-tokens", "1e6"],
+                                  cwd=work, env=env, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0 and out.exists(), proc.stderr[-2000:]
+    return TinyTrial(out, allowed)

@@ -35,18 +35,9 @@ H200_BYTES = 150754820096
 
 
 @pytest.fixture(scope="module")
-def tiny_body(tmp_path_factory) -> dict:
-    """One real tiny trial on the CPU (~30-60 s), its body parsed back."""
-    work = tmp_path_factory.mktemp("tiny")
-    env = dict(os.environ, HOME=str(work), XDG_CONFIG_HOME=str(work / ".config"), CAPTURE_LOG_LEVEL="ERROR")
-    env.pop("CAPTURE_KEY", None)
-    out = work / "tiny.toml"
-    proc = subprocess.run([sys.executable, "-m", "capture", "trial", "--example", "tiny", "-o", str(out),
-                           "--no-report", "--no-recovery", "--price-per-hour", "2.5"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    body, _ = mf.split_signed(out.read_bytes())
-    return mf.parse_body(body)
+def tiny_body(tiny_cpu_trial) -> dict:
+    """One real tiny trial on the CPU (tests/conftest.py), its body parsed back."""
+    return mf.parse_body(mf.split_signed(tiny_cpu_trial.path.read_bytes())[0])
 
 
 def _reprice(m: dict, price: float) -> None:

@@ -10,10 +10,7 @@ from __future__ import annotations
 import copy
 import html
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,19 +36,11 @@ WIDTH = 100
 
 
 @pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory):
-    """A real tiny trial on this CPU (~1 min), with its own target of 1e6 tokens."""
-    work = tmp_path_factory.mktemp("cpu-trial")
-    env = dict(os.environ, HOME=str(work), XDG_CONFIG_HOME=str(work / ".config"), CAPTURE_LOG_LEVEL="ERROR")
-    env.pop("CAPTURE_KEY", None)
-    out = work / "cpu.toml"
-    proc = subprocess.run([sys.executable, "-m", "capture", "trial", "--example", "tiny", "-o", str(out), "--no-report",
-                           "--no-recovery", "--price-per-hour", "2.5", "--target-tokens", "1e6"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = mf.parse_body(mf.split_signed(out.read_bytes())[0])
+def cpu_run(tiny_cpu_trial):
+    """A real tiny trial on this CPU (tests/conftest.py), with its own target of 1e6 tokens."""
+    data = mf.parse_body(mf.split_signed(tiny_cpu_trial.path.read_bytes())[0])
     assert data["trial"]["cost"]["projection"]["target_tokens"] == 1_000_000  # `1e6` was taken as written
-    return out, work / ".config" / "capture" / "allowed_signers", data
+    return tiny_cpu_trial.path, tiny_cpu_trial.allowed, data
 
 
 @pytest.fixture
