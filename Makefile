@@ -8,9 +8,8 @@ BIN      := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # The suite on up to four worker processes (pytest-xdist, in the dev extra), one test file per worker
-# at a time: a file's module fixtures are built once; the heaviest files first (tests/conftest.py HEAVY_FIRST,
-# not xdist's order by number of tests). `make test PYTEST_WORKERS=` runs it in one process.
-PYTEST_WORKERS ?= -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder
+# at a time: a file's module fixtures are built once. `make test PYTEST_WORKERS=` runs it in one process.
+PYTEST_WORKERS ?= -n auto --maxprocesses=4 --dist loadfile
 
 .PHONY: setup test-setup trial test bench clean
 

@@ -38,28 +38,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["COLUMNS"], os.environ["LINES"] = "100", "24"
 
 
-# The heaviest test files, heaviest first (CPU seconds of their tests on 2 cores, measured with
-# `pytest -n 3 --dist loadfile --durations=0` on 2026-12-07: 282 s down to 33 s). Under pytest-xdist's
-# --dist loadfile (`make test`) files are handed out in collection order, so these go first and the
-# small files fill in at the end, instead of one heavy file running alone while the other workers
-# idle (the Makefile passes --no-loadscope-reorder: xdist's own order, by number of tests, puts
-# files of few long tests last). The order changes no result, only when a file runs; a file missing
-# here runs after these in its usual place. test_readers_fit is left out on purpose: it waits for the
-# tiny trial test_decide starts (``tiny_cpu_trial``).
-HEAVY_FIRST = (
-    "test_trial_cli.py", "test_trial_resume.py", "test_benchmarks_quick.py", "test_type_fuzz.py",
-    "test_trial_scaling_fit.py", "test_image_docker.py", "test_memory_estimate.py", "test_trial_signals.py",
-    "test_trial_recover.py", "test_trial_scaling.py", "test_results_pin.py", "test_decide.py",
-    "test_host_identity.py", "test_decide_site_layout.py", "test_probe_environment_trials.py",
-    "test_integrations_lightning.py", "test_trial_settings.py", "test_preflight_cpu.py", "test_image_build.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
-
-
 @pytest.fixture()
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated HOME so no test reads or writes the user's own key or allowed signers."""
