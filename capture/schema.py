@@ -212,9 +212,6 @@ def validate(data: Mapping[str, Any], source: str = "manifest") -> None:
         elif kind is list or isinstance(value, list):
             for i, v in enumerate(value):
                 stack.append((path + (str(i),), v, _children(nodes, str(i)) if nodes else _NO_NODES))
-        elif kind is float:
-            if not math.isfinite(value):
-                raise _fail(source, _shown(path), f"is {value}, which capture never writes (non-finite numbers are stored as strings)")
         elif kind is str or kind is int or kind is bool:
             pass
         elif isinstance(value, float):

@@ -148,3 +148,19 @@ def test_an_array_of_tables_is_written_in_one_go() -> None:
     data = {**mf.new_manifest(), "host": {"os": "x"}, "models": [{"repo": "a/b", "files": {"f": "1"}}]}
     rendered = {"host": "[host]\nos = \"NOT USED\"\n"}  # would show if the joined path were taken
     assert mf.dumps(data, rendered) == mf.dumps(data)
+
+
+@pytest.mark.parametrize("key, allowed", [
+    ("naïve", True), ("\u200b", True), ("\x85", True), ("tab\there", False), ("del\x7f", False), ("nul\x00", False),
+])
+def test_keys_are_refused_for_control_characters_only(key: str, allowed: bool) -> None:
+    """Text that is not printable (a zero-width space, NEL) is allowed; C0 controls and DEL are not,
+    whether the key is checked on the fast path or not."""
+    from capture import schema
+
+    body = {"schema_version": 1, "kind": "fingerprint", "notes": {key: "x"}}
+    if allowed:
+        schema.validate(body)
+    else:
+        with pytest.raises(ManifestError, match="has a key with control characters"):
+            schema.validate(body)
