@@ -201,15 +201,15 @@ def validate(data: Mapping[str, Any], source: str = "manifest") -> None:
             if want is not None:
                 if not _is(value, want):
                     raise _fail(source, _shown(path), f"must be {want}, found {_type_name(value)}")
-            elif (kind is not dict and kind is not list and path[-1].endswith(_UNIT_SUFFIXES)
-                  and not isinstance(value, (list, Mapping)) and not _is(value, NUM)):
+            elif (path[-1].endswith(_UNIT_SUFFIXES) and not isinstance(value, (list, Mapping))
+                  and not _is(value, NUM)):
                 raise _fail(source, _shown(path), f"must be a number (its name carries a unit), found {_type_name(value)}")
         if kind is dict or (kind is not list and isinstance(value, Mapping)):
             for k, v in value.items():
                 if not k.isprintable() and _CONTROL.search(k):  # printable text has no control characters
                     raise _fail(source, _shown(path) or "the file", f"has a key with control characters: {k!r}")
                 stack.append((path + (k,), v, _children(nodes, k) if nodes else _NO_NODES))
-        elif kind is list or isinstance(value, list):
+        elif isinstance(value, list):
             for i, v in enumerate(value):
                 stack.append((path + (str(i),), v, _children(nodes, str(i)) if nodes else _NO_NODES))
         elif kind is str or kind is int or kind is bool:
