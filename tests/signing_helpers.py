@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from capture import manifest, signing
+from test_results_helpers import h200_stack
 
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def h200_manifest() -> dict:
-    """A manifest body built from the readings of a real H200 (tests/fixtures/h200/probe.json)."""
-    probe = json.loads((FIXTURES / "h200" / "probe.json").read_text())
-    nvml, torch = probe["nvml"], probe["torch"]
+    """A fingerprint manifest body built from the readings of a real H200 (tests/fixtures/h200/probe.json)."""
     m = manifest.new_manifest("fingerprint")
     m["created_utc"] = "2025-06-01T12:00:00Z"
-    m["accelerator"] = {"vendor": "nvidia", "model": nvml["name"], "count": 1, "driver_version": nvml["driver"],
-                        "runtime": "cuda", "runtime_version": "13.0", "memory_per_device_bytes": nvml["mem_total"]}
-    m["nvidia"] = {
-        "driver_version": nvml["driver"], "cuda_driver_version": "13.0",
-        "devices": [{"index": 0, "name": nvml["name"], "uuid": nvml["uuid"], "serial": nvml["serial"],
-                     "pci_bus_id": nvml["pci_bus"], "memory_total_bytes": nvml["mem_total"],
-                     "compute_capability": "%d.%d" % tuple(nvml["cc"]), "vbios_version": nvml["vbios"],
-                     "ecc_enabled": bool(nvml["ecc"][0]), "mig_enabled": bool(nvml["mig"][0]),
-                     "power_limit_w": nvml["power_limit_mw"] / 1000, "visible": True, "cuda_index": 0}],
-    }
-    m["framework"] = {"name": "torch", "version": torch["version"], "cuda_version": torch["cuda"],
-                      "git_version": torch["git"], "arch_list": torch["arch_list"], "nccl_version": torch["nccl"]}
+    m.update(h200_stack())
     return m
 
 

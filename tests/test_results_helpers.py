@@ -35,33 +35,42 @@ def h200_probe() -> dict[str, Any]:
     return json.loads((FIXTURES / "h200" / "probe.json").read_text())
 
 
+def h200_stack() -> dict[str, Any]:
+    """The accelerator, nvidia and framework tables of a manifest written on the H200 (values from probe.json)."""
+    p = h200_probe()
+    nvml, torch = p["nvml"], p["torch"]
+    return {
+        "nvidia": {
+            "driver_version": nvml["driver"],
+            "cuda_driver_version": f"{nvml['cuda_driver'] // 1000}.{nvml['cuda_driver'] % 1000 // 10}",
+            "devices": [{
+                "index": 0, "name": nvml["name"], "uuid": nvml["uuid"], "serial": nvml["serial"],
+                "pci_bus_id": nvml["pci_bus"], "memory_total_bytes": nvml["mem_total"],
+                "compute_capability": f"{nvml['cc'][0]}.{nvml['cc'][1]}", "vbios_version": nvml["vbios"],
+                "ecc_enabled": bool(nvml["ecc"][0]), "mig_enabled": bool(nvml["mig"][0]),
+                "power_limit_w": nvml["power_limit_mw"] // 1000, "visible": True, "cuda_index": 0,
+            }],
+        },
+        "framework": {
+            "name": "torch", "version": torch["version"], "cuda_version": torch["cuda"],
+            "git_version": torch["git"], "arch_list": torch["arch_list"],
+            "cudnn_version": str(torch["cudnn"]), "nccl_version": torch["nccl"], "source": "torch/version.py",
+        },
+        "accelerator": {
+            "vendor": "nvidia", "model": nvml["name"], "count": 1, "driver_version": nvml["driver"],
+            "runtime": "cuda", "runtime_version": torch["cuda"], "memory_per_device_bytes": nvml["mem_total"],
+        },
+    }
+
+
 def h200_manifest(kind: str = "trial", created_utc: str = "2026-12-02T10:15:00Z") -> dict[str, Any]:
     """A manifest as `capture trial` on the H200 would write it (values from probe.json)."""
     p = h200_probe()
-    nvml, torch, run = p["nvml"], p["torch"], p["llama_1b"]
+    run = p["llama_1b"]
     m = copy.deepcopy(_collected())
     m["kind"] = kind
     m["created_utc"] = created_utc
-    m["nvidia"] = {
-        "driver_version": nvml["driver"],
-        "cuda_driver_version": f"{nvml['cuda_driver'] // 1000}.{nvml['cuda_driver'] % 1000 // 10}",
-        "devices": [{
-            "index": 0, "name": nvml["name"], "uuid": nvml["uuid"], "serial": nvml["serial"],
-            "pci_bus_id": nvml["pci_bus"], "memory_total_bytes": nvml["mem_total"],
-            "compute_capability": f"{nvml['cc'][0]}.{nvml['cc'][1]}", "vbios_version": nvml["vbios"],
-            "ecc_enabled": bool(nvml["ecc"][0]), "mig_enabled": bool(nvml["mig"][0]),
-            "power_limit_w": nvml["power_limit_mw"] // 1000, "visible": True, "cuda_index": 0,
-        }],
-    }
-    m["framework"] = {
-        "name": "torch", "version": torch["version"], "cuda_version": torch["cuda"],
-        "git_version": torch["git"], "arch_list": torch["arch_list"],
-        "cudnn_version": str(torch["cudnn"]), "nccl_version": torch["nccl"], "source": "torch/version.py",
-    }
-    m["accelerator"] = {
-        "vendor": "nvidia", "model": nvml["name"], "count": 1, "driver_version": nvml["driver"],
-        "runtime": "cuda", "runtime_version": torch["cuda"], "memory_per_device_bytes": nvml["mem_total"],
-    }
+    m.update(h200_stack())
     m["models"] = [{"spec": "meta-llama/Llama-3.2-1B@main", "repo_id": "meta-llama/Llama-3.2-1B", "revision": "main",
                     "commit": "4e20de362430cd3b72f300e6b0f18e50e7166e08", "source": "hf-cache"}]
     if kind == "trial":
