@@ -10,7 +10,6 @@ from capture import manifest, signing
 from test_results_helpers import h200_stack
 
 
-
 def h200_manifest() -> dict:
     """A fingerprint manifest body built from the readings of a real H200 (tests/fixtures/h200/probe.json)."""
     m = manifest.new_manifest("fingerprint")

@@ -36,8 +36,9 @@ def h200_probe() -> dict[str, Any]:
 
 
 def h200_stack() -> dict[str, Any]:
-    """The accelerator, nvidia and framework tables of a manifest written on the H200 (values from probe.json)."""
-    p = h200_probe()
+    """The accelerator, nvidia and framework tables of a manifest written on the H200 (values from
+    probe.json), copied: a test that changes them must not change the cached probe other tests read."""
+    p = copy.deepcopy(h200_probe())
     nvml, torch = p["nvml"], p["torch"]
     return {
         "nvidia": {
