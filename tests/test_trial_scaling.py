@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import types
 from pathlib import Path
 
 import pytest
+
+from local_ports import free_port
 
 from capture import manifest
 from capture.errors import ConfigError, UsageError
@@ -35,11 +36,6 @@ def _args(*argv: str) -> scaling_args.ScalingOptions:
     scaling_args.add_arguments(p)
     return scaling_args.ScalingOptions.from_args(p.parse_args(list(argv)))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- batch derivation
@@ -356,7 +352,7 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory):
     argv = ["trial", str(cfg), "--device", "cpu", "--warmup", "1", "--steps", "3", "--no-report",
             "--workdir", str(work / "trial-work"), "--key", str(key), "-o", str(out),
             "--nproc", "2", "--strategy", "both", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), "--dist-dir", str(work / "dist")]
+            "--master-port", str(free_port()), "--dist-dir", str(work / "dist")]
     planted = {"NCCL_DEBUG_FILE": f"https://user:{SECRET}@example.invalid/x", "HF_TOKEN": f"hf_{SECRET}abcdefgh"}
     saved = {k: os.environ.get(k) for k in planted}
     os.environ.update(planted)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from local_ports import free_port
 from tiny_configs import gpt2_model
 
 from capture.trial.scratch import PAUSE_ENV, PREFIX
@@ -45,11 +45,6 @@ synthetic_sequences = 32
 batches = 1
 """
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -115,7 +110,7 @@ def test_a_signal_in_each_stage_leaves_nothing_behind(tmp_path, stage, begun, si
     if stage == "fit_search":
         args += ["--find-max-batch", "--max-batch", "4"]
     if stage == "scaling":
-        args += ["--nproc", "2", "--strategy", "ddp", "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+        args += ["--nproc", "2", "--strategy", "ddp", "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     if stage == "recovery.restore_ready":
         args += ["--workdir", str(work)]  # the scratch goes inside --workdir, and is removed from there too
     flag = tmp_path / "paused.txt"
