@@ -1,6 +1,7 @@
 """Issue 10: the environment is recorded as the process found it at start. Two back-to-back real
-`capture trial --example tiny` runs (CPU, ~25 s each) record the same environment table, though
-torch sets variables of its own (TORCHINDUCTOR_CACHE_DIR) inside each process."""
+`capture trial --example tiny` runs (CPU; without the preflight and the recovery stage, ~9 s each
+alone) record the same environment table, though torch sets variables of its own
+(TORCHINDUCTOR_CACHE_DIR, which it sets in these runs too) inside each process."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from capture import manifest
 
 def _trial(tmp_path: Path, name: str, env: dict[str, str]) -> dict:
     out = tmp_path / f"{name}.toml"
-    done = subprocess.run([sys.executable, "-m", "capture", "trial", "--example", "tiny", "--no-report", "-o", str(out),
-                           "--code", str(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    args = ["trial", "--example", "tiny", "--no-report", "--no-preflight", "--no-recovery", "-o", str(out),
+            "--code", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "capture", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return tomllib.loads(manifest.split_signed(out.read_bytes())[0].decode())
 

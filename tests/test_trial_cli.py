@@ -160,7 +160,7 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
 def test_lora_switch_records_measured_trainable_parameters(tmp_path):
     out = tmp_path / "lora.toml"
     assert main(["trial", str(_small(tmp_path)), "--method", "lora", "--steps", "2", "--warmup", "1",
-                 "--no-recovery", "--no-report", "-o", str(out)]) == 0
+                 "--no-recovery", "--no-preflight", "--no-report", "-o", str(out)]) == 0
     t = _verified(out, tmp_path)["trial"]
     run = t["run"]
     assert run["method"] == "lora" and 0 < run["params_trainable"] < run["params_total"]
@@ -185,8 +185,8 @@ def test_catalog_override_gives_mfu_and_price_on_the_tested_device_only(tmp_path
                    'peak_bf16_dense_flops = 1e12\nprice_per_hour = 2.0\n')
     cfg = _small(tmp_path, SMALL + '[trial.precision]\ndtype = "bf16"\nautocast = true\n')
     out = tmp_path / "bf16.toml"
-    assert main(["trial", str(cfg), "--catalog", str(cat), "--no-recovery", "--no-report", "--target-tokens", "1000000",
-                 "-o", str(out)]) == 0
+    assert main(["trial", str(cfg), "--catalog", str(cat), "--no-recovery", "--no-preflight", "--no-report",
+                 "--target-tokens", "1000000", "-o", str(out)]) == 0
     t = _verified(out, tmp_path)["trial"]
     s = t["stats"]
     assert s["peak_flops"] == 1e12 and str(cat) in s["peak_flops_source"] and "bf16" in s["peak_flops_source"]
@@ -224,7 +224,8 @@ def test_find_max_batch_against_a_memory_limit_on_cpu(tmp_path):
     limit = int(((rss_bytes() or 0) + (120 << 20)) / 0.9)  # ~120 MiB above this process's resident set
     out = tmp_path / "max.toml"
     assert main(["trial", str(cfg), "--find-max-batch", "--memory-limit", str(limit), "--max-batch", "512",
-                 "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report", "-o", str(out)]) == 0
+                 "--steps", "1", "--warmup", "0", "--no-recovery", "--no-preflight", "--no-report",
+                 "-o", str(out)]) == 0
     f = _verified(out, tmp_path)["trial"]["fit"]
     search = f["search"]
     assert search["limit_bytes"] == limit and search["limit_source"] == "--memory-limit" and search["headroom"] == 0.1
@@ -255,7 +256,7 @@ def test_out_of_memory_is_reported_as_does_not_fit(tmp_path):
     out = tmp_path / "oom.toml"
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-c", OOM_SCRIPT, "trial", str(_small(tmp_path)), "--micro-batch", "2048",
-                           "--steps", "1", "--warmup", "0", "--no-report", "-o", str(out)],
+                           "--steps", "1", "--warmup", "0", "--no-preflight", "--no-report", "-o", str(out)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "does not fit" in proc.stderr
@@ -305,7 +306,8 @@ def test_a_loss_that_goes_nan_is_a_result_said_everywhere(tmp_path, capsys):
     measured step the loss was not finite."""
     cfg = _small(tmp_path, SMALL + "[trial.optimizer]\nlr = 1e30\n")
     out = tmp_path / "nan.toml"
-    assert main(["trial", str(cfg), "-o", str(out), "--steps", "3", "--no-recovery", "--no-report"]) == 0
+    assert main(["trial", str(cfg), "-o", str(out), "--steps", "3", "--no-recovery", "--no-preflight",
+                 "--no-report"]) == 0
     err = capsys.readouterr().err
     stats = _verified(out, tmp_path)["trial"]["stats"]
     assert stats["loss_finite"] is False and stats["loss_first_nonfinite_step"] >= 1
@@ -320,7 +322,8 @@ def test_list_examples_and_default_output_name(tmp_path, capsys):
     assert capsys.readouterr().out.split() == example_names() == ["llama-1b", "llama-3.1-8b-full", "llama-3.1-8b-lora",
                                                                   "llama-3.1-8b-qlora", "tiny"]
     cfg = _small(tmp_path, name="exp-7.toml")
-    assert main(["trial", str(cfg), "--steps", "1", "--warmup", "0", "--no-recovery", "--no-report"]) == 0
+    assert main(["trial", str(cfg), "--steps", "1", "--warmup", "0", "--no-recovery", "--no-preflight",
+                 "--no-report"]) == 0
     printed = Path(capsys.readouterr().out.strip().splitlines()[-1])
     # the config file's stem names it (exp-7.toml), not trial.name
     assert re.fullmatch(r"trial-exp-7-\d{8}T\d{6}Z\.toml", printed.name) and printed.parent == tmp_path
@@ -333,7 +336,7 @@ def test_the_reference_process_starts_while_validation_and_checkpoint_run(tmp_pa
     adding to the recovery stage (on an 8B LoRA run, ~16 s of the stage's 75)."""
     out = tmp_path / "det.toml"
     assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
-                 "--no-report", "-o", str(out)]) == 0
+                 "--no-preflight", "--no-report", "-o", str(out)]) == 0
     t = _verified(out, tmp_path)["trial"]
     rec, phases = t["recovery"], t["recovery"]["phases"]
     assert rec["deterministic"]["enabled"] is True and rec["verdict"] == "bit-exact"
@@ -362,7 +365,7 @@ def test_on_an_accelerator_the_reference_process_starts_with_the_measured_steps(
     monkeypatch.setattr(recover, "early_start", lambda device, cores=None, process_figures=True: recover.WITH_STEPS)
     out = tmp_path / "det.toml"
     assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
-                 "--no-report", "-o", str(out)]) == 0
+                 "--no-preflight", "--no-report", "-o", str(out)]) == 0
     t = _verified(out, tmp_path)["trial"]
     phases = t["recovery"]["phases"]
     assert t["recovery"]["verdict"] == "bit-exact"
@@ -409,7 +412,7 @@ def test_a_run_that_does_not_fit_stops_the_reference_process_it_started(tmp_path
     monkeypatch.setattr(workload.Workload, "train_step_async", fail)
     out = tmp_path / "oom.toml"
     assert main(["trial", str(_small(tmp_path)), "--steps", "2", "--warmup", "1", "--recovery-deterministic",
-                 "--no-report", "-o", str(out)]) == 0
+                 "--no-preflight", "--no-report", "-o", str(out)]) == 0
     assert len(started) == 2 and stopped_before_fit == [True]  # the reference and the first restoring process
     t = _verified(out, tmp_path)["trial"]
     assert t["recovery"] == {"skipped": "the training step did not fit"}
