@@ -349,7 +349,7 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory):
     key = work / "key"
     assert main(["keygen", "-o", str(key), "-C", "ci@capture"]) == 0
     out = work / "trial.toml"
-    argv = ["trial", str(cfg), "--device", "cpu", "--warmup", "1", "--steps", "3", "--no-report",
+    argv = ["trial", str(cfg), "--device", "cpu", "--warmup", "1", "--steps", "3", "--no-report", "--no-preflight",
             "--workdir", str(work / "trial-work"), "--key", str(key), "-o", str(out),
             "--nproc", "2", "--strategy", "both", "--master-addr", "127.0.0.1",
             "--master-port", str(free_port()), "--dist-dir", str(work / "dist")]
