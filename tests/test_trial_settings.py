@@ -167,7 +167,8 @@ def test_attention_implementation_is_applied_and_a_missing_kernel_is_one_line(tm
 
 @pytest.mark.parametrize("name, cls, state_dtypes", [
     ("adamw_8bit", "bitsandbytes.optim.AdamW8bit", {"uint8", "float32"}),
-    ("paged_adamw_8bit", "bitsandbytes.optim.PagedAdamW8bit", {"uint8", "float32"}),
+    pytest.param("paged_adamw_8bit", "bitsandbytes.optim.PagedAdamW8bit", {"uint8", "float32"},
+                 marks=pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")),
     ("adafactor", "torch.optim.Adafactor", None),
 ])
 def test_optimizers_with_their_real_state_size(tmp_path, name, cls, state_dtypes):
@@ -181,10 +182,31 @@ def test_optimizers_with_their_real_state_size(tmp_path, name, cls, state_dtypes
     facts = state_facts(wl.optimizer)
     if state_dtypes:
         assert set(facts["state_bytes_by_dtype"]) == state_dtypes  # 1-byte moments (small tensors in fp32)
+    # what ran, read from the optimizer: bitsandbytes falls back to ordinary memory on the CPU
+    assert facts["paged_bytes"] == 0 and wl.info["optimizer"].get("paged") in (None, False)
+    assert ("paged_note" in wl.info["optimizer"]) == (name == "paged_adamw_8bit")
     plan = memory.plan_for(c, "cpu")
     est = memory.estimate_plan(plan, 2)
     want = est.term("optimizer_state").bytes + (est.term("optimizer_state_paged").bytes if est.term("optimizer_state_paged") else 0)
     assert abs(want - facts["state_bytes"]) <= 0.05 * facts["state_bytes"] + 512 * facts["params_with_state"]
+
+
+def test_paged_state_is_counted_from_the_mark_bitsandbytes_puts_on_its_buffers():
+    """On CUDA, bitsandbytes allocates paged state with ``F.get_paged``, which sets ``is_paged =
+    True`` on the tensor; there is no CUDA here, so the mark is put on a real optimizer's state."""
+    from capture.trial.build.optim import state_facts
+
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 64)).sum().backward()
+    opt.step()
+    before = state_facts(opt)
+    assert before["paged_bytes"] == 0
+    moment = opt.state[model.weight]["exp_avg"]
+    moment.is_paged = True
+    after = state_facts(opt)
+    assert after["paged_bytes"] == moment.untyped_storage().nbytes() == 64 * 32 * 4
+    assert after["state_bytes"] == before["state_bytes"]
 
 
 def test_qlora_nf4_base_built_from_a_config(tmp_path):

@@ -88,7 +88,12 @@ def build_optimizer(model: torch.nn.Module, config: TrialConfig, device: torch.d
     if o.name in ("adamw_8bit", "paged_adamw_8bit"):
         info["min_8bit_size"] = int(opt.args.min_8bit_size)
         info["block_size"] = 256
-        info["paged"] = o.name == "paged_adamw_8bit"
+        # Read from the optimizer, not the name: bitsandbytes pages (CUDA unified memory) only on an
+        # accelerator and only tensors of 1e5 elements or more; the measured paged bytes are in
+        # [trial.memory.terms.optimizer_state] after the steps (state_facts).
+        info["paged"] = bool(getattr(opt, "is_paged", False)) and device.type != "cpu"
+        if getattr(opt, "is_paged", False) and device.type == "cpu":
+            info["paged_note"] = "bitsandbytes pages only on an accelerator: on the CPU the state is ordinary memory"
     return opt, info
 
 
@@ -99,17 +104,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrialConfig) -> tu
 
 
 def state_facts(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state as it is (after a step): bytes in total and by dtype, tensors counted once."""
-    seen: dict[int, tuple[str, int]] = {}
+    """The optimizer state as it is (after a step): bytes in total, by dtype and in paged (unified)
+    memory, tensors counted once."""
+    seen: dict[int, tuple[str, int, bool]] = {}
     for per_param in optimizer.state.values():
         for value in per_param.values():
             if isinstance(value, torch.Tensor) and value.numel():
                 st = value.untyped_storage()
-                seen[st.data_ptr() or id(value)] = (str(value.dtype).removeprefix("torch."), st.nbytes())
+                paged = getattr(value, "is_paged", False) is True  # bitsandbytes marks its unified-memory buffers
+                seen[st.data_ptr() or id(value)] = (str(value.dtype).removeprefix("torch."), st.nbytes(), paged)
     by_dtype: dict[str, int] = {}
-    for dtype, nbytes in seen.values():
+    for dtype, nbytes, _ in seen.values():
         by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
     return {"state_bytes": sum(by_dtype.values()), "state_bytes_by_dtype": dict(sorted(by_dtype.items())),
+            "paged_bytes": sum(nbytes for _, nbytes, paged in seen.values() if paged),
             "params_with_state": len(optimizer.state)}
 
 
