@@ -191,6 +191,25 @@ def test_optimizers_with_their_real_state_size(tmp_path, name, cls, state_dtypes
     assert abs(want - facts["state_bytes"]) <= 0.05 * facts["state_bytes"] + 512 * facts["params_with_state"]
 
 
+def test_the_optimizer_row_is_what_the_optimizer_holds(tmp_path):
+    """Fused AdamW on the CPU (torch has a fused CPU kernel), betas and weight decay as configured:
+    the manifest's row is read from the optimizer's defaults and groups, and a model whose every
+    trainable tensor is 1-D (only norms train) records that no weight decay applies."""
+    c = _llama(tmp_path, rest='[trial.optimizer]\nname = "adamw"\nfused = "on"\nweight_decay = 0.05\n'
+                              'betas = [0.8, 0.9]\neps = 1e-6\n')
+    wl = build_workload(c, CPU)
+    row = wl.info["optimizer"]
+    assert row["fused"] is True and wl.optimizer.defaults["fused"] is True
+    assert (row["betas"], row["eps"], row["weight_decay"]) == ([0.8, 0.9], 1e-6, 0.05)
+    assert [g["weight_decay"] for g in wl.optimizer.param_groups] == [0.05, 0.0]
+    from capture.trial.build.optim import build_optimizer
+
+    for p in wl.model.parameters():
+        p.requires_grad_(p.ndim == 1)
+    opt, row = build_optimizer(wl.model, c, CPU)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0] and row["weight_decay"] == 0.0
+
+
 def test_paged_state_is_counted_from_the_mark_bitsandbytes_puts_on_its_buffers():
     """On CUDA, bitsandbytes allocates paged state with ``F.get_paged``, which sets ``is_paged =
     True`` on the tensor; there is no CUDA here, so the mark is put on a real optimizer's state."""

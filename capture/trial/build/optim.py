@@ -77,14 +77,17 @@ def build_optimizer(model: torch.nn.Module, config: TrialConfig, device: torch.d
     except (RuntimeError, ValueError) as exc:
         key = "trial.optimizer.fused" if fused else "trial.optimizer.name"
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}", 'set fused = "auto"' if fused else "choose another optimizer") from None
-    info: dict[str, Any] = {"name": o.name, "class": f"{'bitsandbytes' if cls.__module__.startswith('bitsandbytes') else 'torch'}.optim.{cls.__qualname__}", "lr": o.lr,
-                            "weight_decay": o.weight_decay,
+    # What the optimizer holds (its defaults and parameter groups), not the config's values.
+    d = opt.defaults
+    library = "bitsandbytes" if cls.__module__.startswith("bitsandbytes") else "torch"
+    info: dict[str, Any] = {"name": o.name, "class": f"{library}.optim.{cls.__qualname__}", "lr": float(d["lr"]),
+                            "weight_decay": float(max(g.get("weight_decay", 0.0) for g in opt.param_groups)),
                             "weight_decay_applies_to": "parameters with 2 or more dimensions (not biases or norms)",
-                            "fused": fused}
+                            "fused": bool(d.get("fused"))}
     if o.name == "sgd":
-        info["momentum"] = o.momentum
+        info["momentum"] = float(d["momentum"])
     elif o.name != "adafactor":
-        info.update(betas=list(o.betas), eps=o.eps)
+        info.update(betas=[float(b) for b in d["betas"]], eps=float(d["eps"]))
     if o.name in ("adamw_8bit", "paged_adamw_8bit"):
         info["min_8bit_size"] = int(opt.args.min_8bit_size)
         info["block_size"] = 256
