@@ -281,12 +281,12 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
             grads.append(tr.alloc(emb.numel * (4 if p.r == 4 else gb), "gradients"))
     tr.mark("phase", "optimizer step")
     trainable = [(prm.numel, int(prm.bytes_per)) for prm in plan.params if prm.trainable]
-    if first and not (plan.optimizer == "paged_adamw_8bit" and plan.device_type == "cuda"):  # paged: unified memory
+    if first:
         counter = optim_mod.step_counter_bytes(plan.optimizer, plan.opt_impl, plan.device_type)
         for prm in plan.params:
             if prm.trainable:
-                opt_states.append(tr.alloc(optim_mod.state_bytes(plan.optimizer, prm.numel, _shape_of(prm, plan), int(prm.bytes_per),
-                                                                 plan.momentum), "optimizer_state"))
+                own = optim_mod.state_bytes(plan.optimizer, prm.numel, _shape_of(prm, plan), int(prm.bytes_per), plan.momentum)
+                opt_states.append(tr.alloc(own - _paged(plan, prm.numel), "optimizer_state"))  # paged: unified memory
                 opt_states.append(tr.alloc(counter, "optimizer_state"))
     t = tr.alloc(optim_mod.step_transient_bytes(plan.opt_impl, plan.optimizer, trainable), "transient")
     tr.free(t)
@@ -355,10 +355,7 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
         terms.append(Term("lora_adapters", lora_bytes, "adapter parameters x bytes (peft keeps them in fp32 on a 16-bit base)",
                           {"params": sum(prm.numel for prm in lora), "bytes_per_param": lora[0].bytes_per}))
     opt = tags.pop("optimizer_state", 0)
-    paged = 0
-    if plan.optimizer == "paged_adamw_8bit" and plan.device_type == "cuda":
-        paged = sum(optim_mod.state_bytes("adamw_8bit", prm.numel, _shape_of(prm, plan), int(prm.bytes_per))
-                    for prm in plan.params if prm.trainable)
+    paged = sum(_paged(plan, prm.numel) for prm in plan.params if prm.trainable)
     terms.append(Term("optimizer_state", opt, _OPT_FORMULA[plan.optimizer],
                       {"optimizer": plan.optimizer, "params_trainable": trainable, "implementation": plan.opt_impl}))
     names = {"gradients": "trainable parameters' gradients live at the peak (param dtype; fp32 under autocast)",
@@ -394,8 +391,12 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
         terms.append(Term("libraries", lib, "cuBLAS handles and workspaces outside the allocator",
                           {"source": "measured on the H200 reference runs (NVML - reserved - context)"}))
         if paged:
-            terms.append(Term("optimizer_state_paged", paged, "8-bit moments in CUDA unified memory (paged), outside the allocator",
-                              {"params_trainable": trainable}))
+            terms.append(Term("optimizer_state_paged", paged, "8-bit moments in CUDA unified memory (paged), outside the allocator: "
+                              f"tensors of {optim_mod.PAGED_MIN_NUMEL:,} elements or more (their absmax statistics and "
+                              "smaller tensors' state are device tensors, in optimizer_state)",
+                              {"params_trainable": trainable,
+                               "params_paged": sum(prm.numel for prm in plan.params
+                                                   if prm.trainable and _paged(plan, prm.numel))}))
     elif overhead_bytes is not None:
         terms.append(Term("framework_overhead", overhead_bytes, "measured before the model was built", {"source": overhead_source}))
     est = MemoryEstimate(tuple(terms), peak_phase=r.peak_phase)
@@ -405,11 +406,16 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
     return est
 
 
+def _paged(plan: Any, numel: int) -> int:
+    """Bytes of a parameter's state in unified memory: a paged optimizer on CUDA only."""
+    return optim_mod.paged_state_bytes(plan.optimizer, numel) if plan.device_type == "cuda" else 0
+
+
 _OPT_FORMULA = {
     "adamw": "2 moments x trainable params x param bytes", "adam": "2 moments x trainable params x param bytes",
     "sgd": "momentum buffer x trainable params x param bytes (none without momentum)",
     "adamw_8bit": "2 x 1-byte moments + fp32 absmax per 256 (fp32 moments for tensors under 4096 elements)",
-    "paged_adamw_8bit": "as adamw_8bit, in unified memory: see optimizer_state_paged",
+    "paged_adamw_8bit": "as adamw_8bit; on CUDA the moments of large tensors are in unified memory: see optimizer_state_paged",
     "adafactor": "factored second moment: rows + columns per matrix (no first moment)",
 }
 

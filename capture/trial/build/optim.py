@@ -159,6 +159,20 @@ def state_bytes(name: str, numel: int, shape: tuple[int, ...], param_bytes: int,
     raise ValueError(name)
 
 
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes' paged optimizers put a state buffer in CUDA unified memory only for parameters of
+this many elements or more (``Optimizer8bit.get_state_buffer``); smaller ones, and the block-wise
+absmax statistics of every tensor, are ordinary device tensors."""
+
+
+def paged_state_bytes(name: str, numel: int, min_8bit_size: int = 4096) -> int:
+    """Bytes of one parameter's state that a paged optimizer keeps in unified memory on CUDA: its
+    two moments (1 byte each, or fp32 under ``min_8bit_size``) where the tensor is large enough."""
+    if name != "paged_adamw_8bit" or numel < PAGED_MIN_NUMEL:
+        return 0
+    return 2 * numel * (4 if numel < min_8bit_size else 1)
+
+
 def implementation(name: str, fused: str, device_type: str) -> str:
     """How torch runs the step: ``fused`` (one kernel, in place), ``foreach`` (grouped kernels
     with list temporaries) or ``for-loop`` (one parameter at a time); bitsandbytes: ``8bit``."""
