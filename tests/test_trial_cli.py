@@ -165,6 +165,11 @@ def test_lora_switch_records_measured_trainable_parameters(tmp_path):
     run = t["run"]
     assert run["method"] == "lora" and 0 < run["params_trainable"] < run["params_total"]
     assert run["lora"]["target_modules"] == ["c_attn"]  # peft's default for GPT-2, resolved
+    # rank, alpha and dropout as peft holds them (the defaults: 8, 16, 0.05); the rank is the one
+    # the adapter's matrices have: c_attn maps 64 to 192 in each of the 2 layers
+    lora = run["lora"]
+    assert (lora["rank"], lora["alpha"], lora["dropout"]) == (8, 16.0, 0.05)
+    assert lora["adapter_params"] == run["params_trainable"] == lora["rank"] * (64 + 192) * 2
     assert t["overrides"] == {"method": "lora", "measured_steps": 2, "warmup_steps": 1}
     assert t["config_toml"] == SMALL and t["config_source"] == str(tmp_path / "small.toml")
     est = t["memory"]["estimate"]  # only the adapter trains: its fp32 moments, its gradients at most
