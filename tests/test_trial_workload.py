@@ -69,6 +69,20 @@ def test_train_step_pulls_grad_accum_micro_batches_and_counts_tokens():
     assert info["precision"]["weights_dtype"] == "fp32"
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no training step here
+def test_the_scheduler_row_is_the_schedule_that_runs():
+    """A warm-up of 5 steps in a 2-step trial: the schedule runs to one step past its warm-up (6),
+    and the row says 6, as the learning rates the scheduler hands out show."""
+    w = build_workload(cfg(SMALL_GPT2 + '[trial.scheduler]\nname = "linear"\nwarmup_steps = 5\n'), CPU)
+    assert w.info["scheduler"] == {"name": "linear", "warmup_steps": 5, "horizon_steps": 6}
+    peak = w.optimizer.defaults["lr"]
+    lrs = []
+    for _ in range(7):
+        lrs.append(w.optimizer.param_groups[0]["lr"] / peak)
+        w.scheduler.step()
+    assert lrs[:6] == pytest.approx([1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0]) and lrs[6] == 0.0
+
+
 def test_packed_batches_are_full_length_real_text():
     w = build_workload(cfg(), CPU)
     batch = next(w.loader)

@@ -102,8 +102,10 @@ def build_optimizer(model: torch.nn.Module, config: TrialConfig, device: torch.d
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrialConfig) -> tuple[Any, dict[str, Any]]:
     horizon = config.warmup_steps + config.measured_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(config.scheduler.name, config.scheduler.warmup_steps, horizon))
-    return sched, {"name": config.scheduler.name, "warmup_steps": config.scheduler.warmup_steps, "horizon_steps": horizon}
+    schedule = Schedule(config.scheduler.name, config.scheduler.warmup_steps, horizon)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    # as the schedule runs: its horizon is at least one step past the warm-up
+    return sched, {"name": schedule.name, "warmup_steps": schedule.warmup, "horizon_steps": schedule.horizon}
 
 
 def state_facts(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
