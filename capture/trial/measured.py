@@ -46,10 +46,10 @@ def memory_table(est: Any, reading: Any, overhead: int | None, weights_bytes: in
         from capture.trial.build.optim import state_facts
 
         facts = state_facts(wl.optimizer)
-        want = _term(est, "optimizer_state") + _term(est, "optimizer_state_paged")
+        paged = _term(est, "optimizer_state_paged")
+        want = _term(est, "optimizer_state") + paged
         terms["optimizer_state"] = dict(facts, estimate_bytes=want, error=relative_error(want, facts["state_bytes"]),
                                         basis="the optimizer's state tensors after the steps, each storage once")
-        paged = _term(est, "optimizer_state_paged")
         if paged or facts["paged_bytes"]:  # the unified-memory part on its own (NVML sees it, the allocator does not)
             terms["optimizer_state"]["paged_estimate_bytes"] = paged
     if reading.peak_allocated_bytes:

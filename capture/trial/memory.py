@@ -355,7 +355,8 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
         terms.append(Term("lora_adapters", lora_bytes, "adapter parameters x bytes (peft keeps them in fp32 on a 16-bit base)",
                           {"params": sum(prm.numel for prm in lora), "bytes_per_param": lora[0].bytes_per}))
     opt = tags.pop("optimizer_state", 0)
-    paged = sum(_paged(plan, prm.numel) for prm in plan.params if prm.trainable)
+    paged_by_param = [(prm.numel, _paged(plan, prm.numel)) for prm in plan.params if prm.trainable]
+    paged = sum(nbytes for _, nbytes in paged_by_param)
     terms.append(Term("optimizer_state", opt, _OPT_FORMULA[plan.optimizer],
                       {"optimizer": plan.optimizer, "params_trainable": trainable, "implementation": plan.opt_impl}))
     names = {"gradients": "trainable parameters' gradients live at the peak (param dtype; fp32 under autocast)",
@@ -395,8 +396,7 @@ def estimate_plan(plan: Plan, micro_batch: int, overhead_bytes: int | None = Non
                               f"tensors of {optim_mod.PAGED_MIN_NUMEL:,} elements or more (their absmax statistics and "
                               "smaller tensors' state are device tensors, in optimizer_state)",
                               {"params_trainable": trainable,
-                               "params_paged": sum(prm.numel for prm in plan.params
-                                                   if prm.trainable and _paged(plan, prm.numel))}))
+                               "params_paged": sum(numel for numel, nbytes in paged_by_param if nbytes)}))
     elif overhead_bytes is not None:
         terms.append(Term("framework_overhead", overhead_bytes, "measured before the model was built", {"source": overhead_source}))
     est = MemoryEstimate(tuple(terms), peak_phase=r.peak_phase)

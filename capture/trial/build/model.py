@@ -330,9 +330,9 @@ def lora_facts(model: Any, config: TrialConfig) -> dict[str, Any]:
     adapter_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     requested: Any = lc.target_modules if lc.target_modules is not None else "peft default for the architecture"
     held = getattr(model, "peft_config", {}).get("default")  # what peft holds, not the config's values
-    resolved = getattr(held, "target_modules", None)
     if held is None:
         raise RuntimeError("peft holds no 'default' adapter on the model it returned")
+    resolved = getattr(held, "target_modules", None)
     return {"rank": int(held.r), "alpha": held.lora_alpha, "dropout": float(held.lora_dropout),
             "target_modules": sorted(resolved) if isinstance(resolved, (set, list, tuple)) else
             (resolved if isinstance(resolved, str) else None) or sorted(by_name),

@@ -94,8 +94,9 @@ def build_optimizer(model: torch.nn.Module, config: TrialConfig, device: torch.d
         # Read from the optimizer, not the name: bitsandbytes pages (CUDA unified memory) only on an
         # accelerator and only tensors of 1e5 elements or more; the measured paged bytes are in
         # [trial.memory.terms.optimizer_state] after the steps (state_facts).
-        info["paged"] = bool(getattr(opt, "is_paged", False)) and device.type != "cpu"
-        if getattr(opt, "is_paged", False) and device.type == "cpu":
+        is_paged = bool(getattr(opt, "is_paged", False))
+        info["paged"] = is_paged and device.type != "cpu"
+        if is_paged and device.type == "cpu":
             info["paged_note"] = "bitsandbytes pages only on an accelerator: on the CPU the state is ordinary memory"
     return opt, info
 
