@@ -1,9 +1,59 @@
-"""What the framework callbacks share: reading a model's and a data set's identity."""
+"""What the framework callbacks share: their options and recorder, where the manifest goes when
+training ends, and reading a model's and a data set's identity."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
+
+from capture.recorder import Recorder
+
+
+class RecordingCallback:
+    """The options and end of both framework callbacks (mixed in before the framework's own base).
+
+    ``output``: the manifest path (default ``<run folder>/capture.toml``; under ``capture exec``
+    with no ``output``, only exec's manifest gets the figures). ``tokens_per_step``: global tokens
+    per optimizer step where the framework does not count them. ``dataset_revision``: the data
+    set's ``repo@revision``. ``key``/``principal``: the signing key; ``report``: write the HTML
+    report beside the manifest; ``trackers``: see :mod:`capture.integrations.trackers`.
+    """
+
+    def __init__(self, output: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
+                 tokens_per_step: int | None = None, dataset_revision: str | None = None,
+                 key: str | os.PathLike[str] | None = None, principal: str | None = None, report: bool = True,
+                 trackers: Sequence[Any] = ()) -> None:
+        super().__init__()
+        self.output = output
+        self.warmup_steps = warmup_steps
+        self.tokens_per_step = tokens_per_step
+        self.dataset_revision = dataset_revision
+        self.key, self.principal, self.report, self.trackers = key, principal, report, tuple(trackers)
+        self.recorder: Recorder | None = None
+        self.manifest_path: Path | None = None
+        self._world = 1
+        self._reset()
+
+    def _reset(self) -> None:
+        """Set the framework's own per-run counters (a subclass's; none here)."""
+
+    def _active(self) -> Recorder | None:
+        return self.recorder if self.recorder is not None and self.recorder.recording else None
+
+    def _finish(self, rec: Recorder, run_dir: str | os.PathLike[str]) -> None:
+        """Stop recording and write (on rank 0) the signed manifest: to ``output``, else to
+        ``run_dir/capture.toml`` unless ``capture exec`` is recording the process."""
+        rec.stop()
+        from capture.integrations import exec_side
+
+        output = self.output
+        if output is None and not exec_side.active():
+            output = Path(run_dir) / "capture.toml"
+        if output is not None:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+        self.manifest_path = rec.write_manifest(output, self.key, self.principal, report=self.report,
+                                                trackers=self.trackers)
 
 
 def model_fields(model: Any) -> dict[str, Any]:

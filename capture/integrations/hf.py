@@ -17,23 +17,22 @@ Under torchrun every rank records and rank 0 writes the one manifest.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 try:
     from transformers import TrainerCallback
 except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("capture.integrations.hf needs transformers: pip install 'capture-stack[hf]'") from exc
 
-from capture.integrations._frameworks import dataset_fields, framework_version, model_fields
+from capture.integrations._frameworks import RecordingCallback, dataset_fields, framework_version, model_fields
 from capture.recorder import Recorder
 
 _GAP_TIMING = ("host wall clock from the end of the previous Trainer event (step end, log or evaluation) "
                "to this one; not synchronized with the device")
 
 
-class CaptureCallback(TrainerCallback):
+class CaptureCallback(RecordingCallback, TrainerCallback):
     """Record the Trainer's steps, evaluations and checkpoint saves; sign them when training ends.
 
     ``output``: the manifest path (default ``<output_dir>/capture.toml``; under ``capture exec``
@@ -43,22 +42,8 @@ class CaptureCallback(TrainerCallback):
     :mod:`capture.integrations.trackers`.
     """
 
-    def __init__(self, output: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
-                 tokens_per_step: int | None = None, dataset_revision: str | None = None,
-                 key: str | os.PathLike[str] | None = None, principal: str | None = None, report: bool = True,
-                 trackers: Sequence[Any] = ()) -> None:
-        self.output = output
-        self.warmup_steps = warmup_steps
-        self.tokens_per_step = tokens_per_step
-        self.dataset_revision = dataset_revision
-        self.key, self.principal, self.report, self.trackers = key, principal, report, tuple(trackers)
-        self.recorder: Recorder | None = None
-        self.manifest_path: Path | None = None
+    def _reset(self) -> None:
         self._tokens_seen = 0
-        self._world = 1
-
-    def _active(self) -> Recorder | None:
-        return self.recorder if self.recorder is not None and self.recorder.recording else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
                        **kwargs: Any) -> None:
@@ -116,13 +101,4 @@ class CaptureCallback(TrainerCallback):
         rec = self._active()
         if rec is None:
             return
-        rec.stop()
-        from capture.integrations import exec_side
-
-        output = self.output
-        if output is None and not exec_side.active():
-            output = Path(args.output_dir) / "capture.toml"
-        if output is not None:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-        self.manifest_path = rec.write_manifest(output, self.key, self.principal, report=self.report,
-                                                trackers=self.trackers)
+        self._finish(rec, args.output_dir)

@@ -16,10 +16,9 @@ left out of the step times. Under DDP every rank records and rank 0 writes the o
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 try:
     from lightning.pytorch import Callback
@@ -29,7 +28,7 @@ except ImportError:  # the standalone package name
     except ImportError as exc:  # pragma: no cover - the extra is not installed
         raise ImportError("capture.integrations.lightning needs Lightning: pip install 'capture-stack[lightning]'") from exc
 
-from capture.integrations._frameworks import count_tokens, dataset_fields, framework_version, model_fields
+from capture.integrations._frameworks import RecordingCallback, count_tokens, dataset_fields, framework_version, model_fields
 from capture.recorder import Recorder
 
 
@@ -53,7 +52,7 @@ def _batch_size(batch: Any) -> int | None:
     return int(shape[0]) if shape else None
 
 
-class CaptureCallback(Callback):
+class CaptureCallback(RecordingCallback, Callback):
     """Record the fit's steps, validation runs and checkpoint saves; sign them when training ends.
 
     ``output``: the manifest path (default ``<trainer.default_root_dir>/capture.toml``; under
@@ -62,27 +61,13 @@ class CaptureCallback(Callback):
     integer tensor to count. ``dataset_revision``: the data set's ``repo@revision``.
     """
 
-    def __init__(self, output: str | os.PathLike[str] | None = None, *, warmup_steps: int = 1,
-                 tokens_per_step: int | None = None, dataset_revision: str | None = None,
-                 key: str | os.PathLike[str] | None = None, principal: str | None = None, report: bool = True,
-                 trackers: Sequence[Any] = ()) -> None:
-        self.output = output
-        self.warmup_steps = warmup_steps
-        self.tokens_per_step = tokens_per_step
-        self.dataset_revision = dataset_revision
-        self.key, self.principal, self.report, self.trackers = key, principal, report, tuple(trackers)
-        self.recorder: Recorder | None = None
-        self.manifest_path: Path | None = None
+    def _reset(self) -> None:
         self._step = 0
         self._tokens = 0
         self._counted = True
         self._t_batch_end = 0.0
         self._t_val = 0.0
         self._save: Any = None
-        self._world = 1
-
-    def _active(self) -> Recorder | None:
-        return self.recorder if self.recorder is not None and self.recorder.recording else None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._world = max(1, int(trainer.world_size))
@@ -159,13 +144,4 @@ class CaptureCallback(Callback):
             self._save = None
         if rec is None:
             return
-        rec.stop()
-        from capture.integrations import exec_side
-
-        output = self.output
-        if output is None and not exec_side.active():
-            output = Path(trainer.default_root_dir) / "capture.toml"
-        if output is not None:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-        self.manifest_path = rec.write_manifest(output, self.key, self.principal, report=self.report,
-                                                trackers=self.trackers)
+        self._finish(rec, trainer.default_root_dir)
