@@ -10,8 +10,10 @@ from it, or the committed H200 measurement.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,30 @@ def test_estimate_on_every_shipped_example(example, capsys):
         assert c["basis"].startswith("estimate")
         if c["fits"]:
             assert c["max_micro_batch"] >= out["micro_batch"]
+
+
+def test_estimate_text_fits_100_columns_and_shows_what_the_json_says(tmp_path, capsys):
+    """The terminal view at a long config path: every line within 100 characters, each non-zero
+    term, the totals and every card's verdict as the JSON gives them."""
+    deep = tmp_path / ("runs-of-the-long-named-project-" * 3) / "llama-3.1-8b-lora-gradient-checkpointing.toml"
+    deep.parent.mkdir(parents=True)
+    shipped = Path(str(resources.files("capture.trial") / "examples"))
+    shutil.copytree(shipped / "llama-3.1-8b", deep.parent / "llama-3.1-8b")
+    shutil.copyfile(shipped / "llama-3.1-8b-lora.toml", deep)
+    assert main(["estimate", str(deep), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert main(["estimate", str(deep)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[0] == f"memory estimate for {deep}:"  # a path is never cut; past 100 columns it stands alone
+    assert lines[1].startswith(f"  micro-batch {js['micro_batch']} x {js['seq_len']} tokens")
+    assert all(len(x) <= 100 for x in lines[1:]), max(lines[1:], key=len)
+    named = {x.split()[0] for x in lines if x.startswith("  ") and len(x.split()) > 2}
+    terms = [k for k, v in js["estimate"].items() if isinstance(v, dict) and v.get("bytes")]
+    assert set(terms) <= named
+    for c in js["cards"]:
+        row = next(x for x in lines if x.startswith(f"  {c['name']} "))
+        assert row.split()[-2:][0] == ("yes" if c["fits"] else "no")
 
 
 def test_largest_micro_batch_is_the_boundary_of_the_estimate(capsys):

@@ -120,8 +120,10 @@ def render_text(config: Any, plan: memory.Plan, est: memory.MemoryEstimate, fits
     from capture.fmt import bytes_str
 
     total = est.total_bytes
-    lines = [f"memory estimate for {config.source}: micro-batch {micro_batch} x {plan.seq} tokens "
-             f"(estimate, no card tested)", ""]
+    head, shape = f"memory estimate for {config.source}:", f"micro-batch {micro_batch} x {plan.seq} tokens (estimate, no card tested)"
+    # a path is never cut: past the width it stands on a line of its own, the shape below it
+    lines = [f"{head} {shape}"] if len(head) + 1 + len(shape) <= width else [head, f"  {shape}"]
+    lines.append("")
     lines.append(f"  {'term':<26}{'bytes':>12}  {'share':>6}  formula")
     for t in est.terms:
         if not t.bytes:
