@@ -160,7 +160,14 @@ def test_code_change_after_signing_is_drift(tmp_path: Path, signer, code_repo: P
     (code_repo / "train.py").write_text("print('changed')\n")
     capsys.readouterr()
     assert main(["verify", str(m), "--allowed-signers", str(allowed)]) == 1
-    assert "code.tree_hash" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    import tomllib
+
+    lines = out.splitlines()  # a short value on one line, two sha256 values each on its own, within 100 columns
+    at = lines.index("    code.tree_hash:")
+    assert lines[at + 1] == f'      recorded "{tomllib.loads(m.read_text())["code"]["tree_hash"]}"'
+    assert lines[at + 2].startswith('      live "sha256:') and "train.py" in lines[at + 3]
+    assert all(len(x) <= 100 for x in lines[1:] if str(allowed) not in x), out
 
 
 def test_policy_file_loosens(tmp_path: Path, signer, code_repo: Path, capsys):
@@ -201,8 +208,15 @@ def test_diff_names_differences(tmp_path: Path, signer, code_repo: Path, capsys)
     assert main(["diff", str(a), str(a)]) == 0
     assert main(["diff", str(a), str(b)]) == 1
     out = capsys.readouterr().out
-    assert "code.tree_hash" in out
-    assert f"A: {a} — signature valid, signer NOT trusted" in out  # no allowed-signers file: shown, not refused
+    # no allowed-signers file: shown, not refused; past 100 columns the verdict goes below the path
+    assert f"A: {a} — signature valid, signer NOT trusted" in out or f"A: {a}\n   signature valid, signer NOT trusted" in out
+    import tomllib
+
+    hashes = [tomllib.loads(f.read_text())["code"]["tree_hash"] for f in (a, b)]
+    lines = out.splitlines()
+    at = lines.index("  code.tree_hash:")  # two sha256 values do not fit one line: each side on its own
+    assert lines[at + 1:at + 3] == [f'    A "{hashes[0]}"', f'    B "{hashes[1]}"']
+    assert all(len(x) <= 100 for x in lines if str(a) not in x and str(b) not in x), out
     assert main(["diff", str(a), str(b), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["differences"][0]["field"] == "code.tree_hash"
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -214,13 +215,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
         }, indent=2, default=str) + "\n")
     else:
         for label, opened in (("A", a), ("B", b)):
-            sys.stdout.write(f"{label}: {printable(opened.path)} — {opened.signature.label}\n")
+            head, sig = f"{label}: {printable(opened.path)}", opened.signature.label
+            if len(head) + 3 + len(sig) <= 100:
+                sys.stdout.write(f"{head} — {sig}\n")
+            else:  # the path whole on its line, the verdict below it within 100 columns
+                sys.stdout.write(head + "\n" + "\n".join(textwrap.wrap(
+                    sig, 100, initial_indent="   ", subsequent_indent="     ", break_long_words=False,
+                    break_on_hyphens=False)) + "\n")
             e = commands[label.lower()]
             if e is not None:  # what capture exec ran: a failed command reads FAILED
                 sys.stdout.write(f"   command {printable(e.line())}; outputs: {printable(e.outputs_text())}\n")
         if diffs:
             sys.stdout.write(f"{len(diffs)} of {compared} compared fields differ:\n")
-            sys.stdout.writelines(f"  {printable(d.line('A', 'B'))}\n" for d in diffs)
+            sys.stdout.writelines(f"  {printable(x)}\n" for d in diffs for x in d.lines("A", "B", indent=2))
         else:
             sys.stdout.write(f"same stack: {compared} fields compared\n")
     return EXIT_DRIFT if diffs else EXIT_OK

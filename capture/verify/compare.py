@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,21 @@ class Difference:
         if self.detail:
             text += f"; {self.detail}"
         return text
+
+    def lines(self, left: str = "recorded", right: str = "live", width: int = 100, indent: int = 2) -> list[str]:
+        """:meth:`line` where it fits in ``width`` columns after ``indent``; else the field on its
+        line and each side on its own below it (a value is never cut)."""
+        one = self.line(left, right)
+        if indent + len(one) <= width:
+            return [one]
+        out = [f"{json.dumps(self.field)[1:-1]}:", f"  {left} {show_value(self.recorded)}",
+               f"  {right} {show_value(self.live)}"]
+        if self.rule != "equal":
+            out.append(f"  policy {self.rule}")
+        if self.detail:  # file names are not cut: a longer one overruns the width
+            out += textwrap.wrap(self.detail, max(20, width - indent), initial_indent="  ", subsequent_indent="    ",
+                                 break_long_words=False, break_on_hyphens=False)
+        return out
 
     def to_json(self, left: str = "recorded", right: str = "live") -> dict[str, Any]:
         out: dict[str, Any] = {"field": self.field, left: None if self.recorded is ABSENT else self.recorded,

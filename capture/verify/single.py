@@ -218,7 +218,8 @@ def format_report(v: Verdict) -> str:
         return "\n".join(lines)
     s = v.signature
     assert s is not None
-    lines.append(f"  signature: valid ({s.fingerprint}, principal {printable(repr(s.principal))})")
+    lines.append(f"  signature: valid, principal {printable(repr(s.principal))}")
+    lines.append(f"  key:       {s.fingerprint}")
     lines.append(f"  trust:     signer listed in {printable(s.allowed_signers)}")
     if v.status == "ERROR":
         lines.append(f"  stack:     not checked — {printable(v.reason)}")
@@ -231,7 +232,7 @@ def format_report(v: Verdict) -> str:
     if v.differences:
         lines.append(f"  stack:     DRIFT — {len(v.differences)} of {v.compared} compared fields differ "
                      f"(policy: {printable(v.policy)})")
-        lines.extend(f"    {printable(d.line())}" for d in v.differences)
+        lines.extend(f"    {printable(x)}" for d in v.differences for x in d.lines(indent=4))
     else:
         lines.append(f"  stack:     same stack — {v.compared} fields compared (policy: {printable(v.policy)})")
     lines.extend(f"  note: {printable(n)}" for n in v.notes)
