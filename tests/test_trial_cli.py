@@ -78,6 +78,13 @@ def test_tiny_example_end_to_end_holds_every_result(tmp_path, capsys):
     stdout, stderr = capsys.readouterr()
     assert stdout.rstrip().endswith(str(out)) and "memory estimate before running" in stderr
     m = _verified(out, tmp_path)
+    said = stderr.split("capture: memory estimate before running: ", 1)[1].split("\ncapture: ", 1)[0]
+    assert all(len(x) <= 100 for x in ("capture: memory estimate before running: " + said).splitlines())
+    from capture.fmt import bytes_str
+
+    for term, v in m["trial"]["memory"]["estimate"].items():  # every non-zero term, name and figure together
+        if isinstance(v, dict) and v.get("bytes"):
+            assert f"{term} {bytes_str(v['bytes'])}" in said
     assert m["kind"] == "trial"
     keys = list(m)
     assert keys.index("host") < keys.index("trial")  # the stack first, results after it
