@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
 from capture.fmt import MISSING, number_str, seconds_str
@@ -25,8 +27,10 @@ def _value(check: dict[str, Any]) -> str:
     return f"{text} {check['unit']}" if check.get("unit") else text
 
 
-def render(data: dict[str, Any], verbose: bool = False) -> str:
-    """The preflight table as `capture preflight` prints it; skipped checks only with ``verbose``."""
+def render(data: dict[str, Any], verbose: bool = False, width: int = 100) -> str:
+    """The preflight table as `capture preflight` prints it, within ``width`` columns (the last
+    column wrapped at words under itself, or below the row where it would be narrower than 30);
+    skipped checks only with ``verbose``."""
     t = _table(data)
     checks = [c for c in t.get("checks", []) if isinstance(c, dict)]
     rows = [("check", "dev", "result", "value", "expected / reason")]
@@ -37,13 +41,29 @@ def render(data: dict[str, Any], verbose: bool = False) -> str:
         note = c.get("reason", "") if c.get("verdict") != "pass" or not c.get("expected") else c["expected"]
         rows.append((str(c.get("name", "?")), dev, _MARK.get(c.get("verdict", ""), "?"), _value(c), note))
     widths = [max(len(r[k]) for r in rows) for k in range(4)]
-    lines = ["  ".join(r[k].ljust(widths[k]) for k in range(4)) + "  " + r[4] for r in rows]
+    indent = sum(widths) + 2 * 4
+    lines = []
+    for r in rows:
+        head = "  ".join(r[k].ljust(widths[k]) for k in range(4)) + "  "
+        if width - indent >= 30:
+            lines += _wrap(r[4], width, head, " " * indent)
+        else:
+            lines += [head.rstrip(), *_wrap(r[4], width, "    ", "    ")]
     skipped = sum(1 for c in checks if c.get("verdict") == "skipped")
     counts = {v: sum(1 for c in checks if c.get("verdict") == v) for v in ("pass", "warn", "fail")}
     summary = (f"preflight {t.get('verdict', '?')} ({t.get('mode', '?')}, {t.get('device_kind', '?')}, "
                f"{seconds_str(t.get('duration_s'))}): {counts['pass']} passed, {counts['warn']} warned, "
                f"{counts['fail']} failed" + (f", {skipped} skipped" + ("" if verbose else " (--all lists them)") if skipped else ""))
-    return "\n".join([*lines, "", summary]) + "\n"
+    return "\n".join([*lines, "", *_wrap(summary, width, "", "  ")]) + "\n"
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    """``text`` after ``first``, continued under ``rest``, broken at spaces only (a long word overruns),
+    never between a number and what follows it ("8 MiB", "1455 of 1980 MHz" keeps "1980 MHz")."""
+    kept = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # U+00A0 is not a break for textwrap
+    return [x.replace("\xa0", " ") for x in textwrap.wrap(
+        kept, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+        break_on_hyphens=False)] or [first.rstrip()]
 
 
 def preflight_rows(data_a: dict[str, Any], data_b: dict[str, Any]) -> list[dict[str, Any]]:
