@@ -84,6 +84,12 @@ def atomic_open(path: str | os.PathLike[str], mode: int | None = None, follow_li
         except FileNotFoundError:
             pass
         raise
+    fsync_dir(folder)
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Make a rename or a new entry in ``folder`` durable; where the folder cannot be opened or
+    synced (some filesystems refuse), the entry is left as the filesystem keeps it."""
     try:
         dir_fd = os.open(folder, os.O_RDONLY)
     except OSError:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from capture._atomic import fsync_dir
 from capture.errors import CaptureError, UsageError
 
 HOOK_ENV = "_CAPTURE_TEST_PIN_HOOK"
@@ -213,19 +214,6 @@ def _blob(repo, spec: str) -> bytes | None:
         return None
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_journal(git_dir: Path, journal: Journal) -> None:
     tmp = git_dir / f"{JOURNAL_NAME}.{journal.pid}.tmp"
     with open(tmp, "wb") as f:
@@ -233,7 +221,7 @@ def _write_journal(git_dir: Path, journal: Journal) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, git_dir / JOURNAL_NAME)
-    _fsync_dir(git_dir)
+    fsync_dir(git_dir)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -391,7 +379,7 @@ def _write_file(dest: Path, data: bytes, tmp_name: str, first: bool) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def _same_device(a: Path, b: Path) -> bool:
@@ -549,7 +537,7 @@ def _publish_steps(repo, top: Path, git_dir: Path, files: dict[str, bytes], jour
         else:
             _write_file(dest, data, journal.tmp[rel], first=False)
     for folder in {(top / rel).parent for rel in files}:
-        _fsync_dir(folder)
+        fsync_dir(folder)
     hook("after-files")
     next_index = git_dir / journal.next_index
     lock = git_dir / "index.lock"
