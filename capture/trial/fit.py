@@ -11,8 +11,6 @@ card. Untested cards get memory-fit answers only, never speed figures (DESIGN de
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import os
 import re
 import tomllib
@@ -24,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
+from capture.trial.state import release_memory  # between candidates and after an out-of-memory step
 
 if TYPE_CHECKING:
     from capture.trial.workload import Workload
@@ -193,20 +192,6 @@ def oom_text(exc: BaseException) -> str:
     text = lines[0] if lines else type(exc).__name__
     text = text.split(" If reserved but unallocated")[0]
     return f"{type(exc).__name__}: {text}"[:400]
-
-
-def release_memory(device: Any) -> None:
-    """Give freed memory back (between candidates and after an out-of-memory step)."""
-    gc.collect()
-    if getattr(device, "type", "") == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
-    else:
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
 
 
 # --------------------------------------------------------------------------- search
