@@ -171,6 +171,19 @@ def test_config_error_and_bad_flags_are_exit_2_one_line(tmp_path, capsys):
         assert "Traceback" not in err and err.startswith("error: ") and "\nhint: " in err, (argv, err)
 
 
+@pytest.mark.parametrize("rank", [2**63 - 1, 10**30, 321])
+def test_a_lora_rank_beyond_every_layer_is_exit_2_one_line(rank, tmp_path, capsys):
+    """A rank no layer can hold (the tiny Llama's widest linear is its 320-wide head) is refused
+    before peft builds it: 2**63 ended in torch's "Storage size calculation overflowed"."""
+    (tmp_path / "t.toml").write_text('[trial]\nname = "t"\n' + _llama_body(method="lora", extra=f"[trial.lora]\nrank = {rank}\n"))
+    assert main(["estimate", str(tmp_path / "t.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: trial.lora.rank = {rank} is larger than every linear layer") and "(widest: 320)" in err
+    assert len(err.strip().splitlines()) == 2 and "\nhint: " in err, err
+    (tmp_path / "t.toml").write_text('[trial]\nname = "t"\n' + _llama_body(method="lora", extra="[trial.lora]\nrank = 320\n"))
+    assert main(["estimate", str(tmp_path / "t.toml"), "--json"]) == 0
+
+
 HOSTILE_SHAPES = {  # [trial.model.config] on the tiny Llama: what the error must name
     "zero hidden size": ({"hidden_size": 0}, "hidden_size = 0"),
     "negative layers": ({"num_hidden_layers": -3}, "num_hidden_layers = -3"),
@@ -356,6 +369,71 @@ def test_replay_of_a_real_estimate_is_deterministic_and_tagged(tmp_path):
     assert (a.peak_allocated, a.peak_reserved) == (b.peak_allocated, b.peak_reserved)
     assert sum(a.peak_tags.values()) == a.peak_allocated
     assert a.peak_reserved >= a.peak_allocated
+
+
+# --------------------------------------------------------------------------- gradient accumulation
+
+
+def _gradient_bytes_at_step(plan: memory.Plan, micro_batch: int) -> int:
+    """Bytes tagged ``gradients`` still live when the replay reaches its first optimizer step."""
+    tr = memory.Trace()
+    memory._step_events(tr, plan, micro_batch, True, [])
+    live: dict[int, int] = {}
+    for e in tr.events:
+        if e[0] == "alloc" and e[3] == "gradients":
+            live[e[1]] = e[2]
+        elif e[0] == "free":
+            live.pop(e[1], None)
+        elif e[0] == "phase" and e[1] == "optimizer step":
+            break
+    return sum(live.values())
+
+
+@pytest.mark.parametrize("method", ["full", "full-tied", "full-fp32", "lora"])
+def test_gradient_accumulation_adds_into_one_set_of_gradients_as_torch_does(tmp_path, method):
+    """Micro-batches after the first add into the gradients the first made: the estimate holds one
+    set at the optimizer step whatever grad_accum is, the bytes torch holds in ``.grad`` after the
+    same number of backward passes (real model on the CPU; bf16 weights, a head tied to the input
+    embedding, fp32 weights)."""
+    from capture.trial.workload import build_model
+
+    lora = '[trial.lora]\nrank = 8\ntarget_modules = "all-linear"\n' if method == "lora" else ""
+    dtype = "fp32" if method == "full-fp32" else "bf16"
+    body = _llama_body(method=method.split("-")[0], extra=f'[trial.precision]\ndtype = "{dtype}"\nautocast = false\n' + lora,
+                       **({"tie_word_embeddings": "true"} if method == "full-tied" else {}))
+    batch, seq = 2, 32
+    model = None
+    for accum in (1, 2, 4):
+        c = _cfg(body + f"[trial.batch]\nmax_seq_len = {seq}\nmicro_batch_size = {batch}\ngrad_accum = {accum}\n",
+                 tmp_path)
+        plan = memory.plan_for(c, "cpu")
+        if model is None:
+            model = build_model(c, torch.device("cpu"))[0]
+            model.train()
+        model.zero_grad(set_to_none=True)
+        for k in range(accum):
+            ids = torch.randint(0, plan.vocab, (batch, seq), generator=torch.Generator().manual_seed(k))
+            model(input_ids=ids, labels=ids).loss.backward()
+        held = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p.grad is not None)
+        assert held > 0 and _gradient_bytes_at_step(plan, batch) == held, (method, accum)
+
+
+def test_a_huge_grad_accum_costs_what_three_do(tmp_path):
+    """Every micro-batch after the second repeats the second's events from the same state: the
+    replay stops at three (memory.MAX_MICRO_REPLAYED), and replaying all of them gives the same."""
+    base = _llama_body(method="lora", extra='[trial.lora]\nrank = 8\n')
+    plans = {ga: memory.plan_for(_cfg(base + f"[trial.batch]\nmax_seq_len = 32\nmicro_batch_size = 2\n"
+                                             f"grad_accum = {ga}\n", tmp_path), "cuda")
+             for ga in (3, 7, 10**18)}
+    three = memory.estimate_plan(plans[3], 2).to_manifest()
+    assert memory.estimate_plan(plans[10**18], 2).to_manifest() | {"inputs": None} == three | {"inputs": None}
+    seven = memory.estimate_plan(plans[7], 2)
+    old = memory.MAX_MICRO_REPLAYED
+    try:
+        memory.MAX_MICRO_REPLAYED = 7
+        assert memory.estimate_plan(plans[7], 2).terms == seven.terms
+    finally:
+        memory.MAX_MICRO_REPLAYED = old
 
 
 # --------------------------------------------------------------------------- activations vs torch's saved tensors

@@ -40,6 +40,11 @@ CUBLAS_WORKSPACES_BYTES = 2 * 32 * 2**20
 """cuBLAS and cuBLASLt workspaces, 32 MiB each on sm90, taken through the caching allocator at the
 first matmul and kept (measured on the H200: peak allocated minus every tensor, 64.1 MiB)."""
 MAX_STEPS = 3
+MAX_MICRO_REPLAYED = 3
+"""Micro-batches of one step replayed: from the second on, each adds its gradients into those the
+first made and frees everything else, so every later one repeats the same events from the same
+state (checked against replaying all of them: tests/test_memory_estimate.py). A grad_accum of
+10**18 costs what 3 does."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,11 @@ class Plan:
     device_type: str
     from_config: bool
     grad_accum: int
+    tied_head: bool = False
+    """The output layer shares the input embedding's weight: one ``.grad`` for both."""
+    other_grad_numel: int = 0
+    """Trainable base parameters outside the decoder layers' linears, the embeddings and the head
+    (norm weights, biases, position embeddings): their gradients, made as backward ends."""
 
 
 def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: str | None = None,
@@ -181,12 +191,18 @@ def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: 
     out_w = getattr(base.get_output_embeddings(), "weight", None)
     in_w = getattr(base.get_input_embeddings(), "weight", None)
     liger = device_type == "cuda" and config.training.loss == "chunked" and model_mod._has("liger_kernel")
+    layers = int(cfg.num_hidden_layers)
+    tied = out_w is not None and out_w is in_w
+    head_trains, embed_trains = bool(out_w is not None and out_w.requires_grad), bool(in_w is not None and in_w.requires_grad)
+    modelled = (layers * sum(lin.numel for lin in shape.linears if lin.trainable)
+                + (in_w.numel() if embed_trains else 0) + (out_w.numel() if head_trains and not tied else 0))
+    other = sum(prm.numel for prm in params if prm.trainable and prm.kind != "lora") - modelled
     return Plan(
-        params=params, shape=shape, layers=int(cfg.num_hidden_layers), vocab=int(cfg.vocab_size), hidden=int(cfg.hidden_size),
+        params=params, shape=shape, layers=layers, vocab=int(cfg.vocab_size), hidden=int(cfg.hidden_size),
         prec=prec, attn="eager" if attn == "eager" else "sdpa", masked=not config.data.packing and config.data.source != "synthetic",
         seq=seq or config.batch.max_seq_len,
         seq_source=seq_source or "trial.batch.max_seq_len (the longest batch the config allows)",
-        head_trains=bool(out_w is not None and out_w.requires_grad), embed_trains=bool(in_w is not None and in_w.requires_grad),
+        head_trains=head_trains, embed_trains=embed_trains, tied_head=tied, other_grad_numel=max(0, other),
         loss=config.training.loss, liger=liger, chunk=config.training.loss_chunk_size, optimizer=config.optimizer.name,
         opt_impl=optim_mod.implementation(config.optimizer.name, config.optimizer.fused, device_type),
         momentum=config.optimizer.momentum, gradient_checkpointing=config.training.gradient_checkpointing,
@@ -220,20 +236,29 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
     layer = act.LayerModel(s, p, T, mb, plan.seq, plan.attn, plan.masked, plan.device_type)
     grads: list[int] = []
     gb = p.r
+    accumulating = False  # from the second micro-batch on: each new gradient is added into .grad and freed
+
+    def grad(nbytes: int) -> None:
+        t = tr.alloc(nbytes, "transient" if accumulating else "gradients")
+        if accumulating:
+            tr.free(t)
+        else:
+            grads.append(t)
 
     def weight_grad(lin: act.Linear) -> None:
         if lin.trainable:
             if p.mixed and p.r == 4:
                 t = tr.alloc(lin.numel * 2, "transient")
-                grads.append(tr.alloc(lin.numel * 4, "gradients"))
+                grad(lin.numel * 4)
                 tr.free(t)
             else:
-                grads.append(tr.alloc(lin.numel * gb, "gradients"))
+                grad(lin.numel * gb)
         if lin.lora_rank:
-            grads.append(tr.alloc(lin.lora_rank * lin.in_f * lin.lora_bytes, "gradients"))
-            grads.append(tr.alloc(lin.lora_rank * lin.out_f * lin.lora_bytes, "gradients"))
+            grad(lin.lora_rank * lin.in_f * lin.lora_bytes)
+            grad(lin.lora_rank * lin.out_f * lin.lora_bytes)
 
-    for _micro in range(plan.grad_accum):
+    for micro in range(min(plan.grad_accum, MAX_MICRO_REPLAYED)):
+        accumulating = micro > 0
         tr.mark("phase", "forward")
         x = tr.alloc(p.r * h * T, "transient")  # embedding output
         emb_saved = tr.alloc(8 * T, "activations") if plan.embed_trains else -1
@@ -256,11 +281,14 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
 
         def head_grad() -> None:
             if plan.head_trains:
-                grads.append(tr.alloc(V * h * (4 if p.r == 4 else gb), "gradients"))
+                grad(V * h * (4 if p.r == 4 else gb))
 
         g = loss_mod.loss_backward(tr, held, plan.loss, T, V, h, p.a, p.r, head_grad)
-        if "grad_w" in held:
-            grads.append(held["grad_w"])
+        if "grad_w" in held:  # the chunked loss's head gradient, made in forward
+            if accumulating:
+                tr.free(held["grad_w"])
+            else:
+                grads.append(held["grad_w"])
         if plan.head_trains:
             tr.free(y)
         tr.free(*fn.saved)
@@ -278,7 +306,11 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
         tr.free(g, emb_saved)
         if plan.embed_trains:
             emb = next(prm for prm in plan.params if prm.kind == "embedding")
-            grads.append(tr.alloc(emb.numel * (4 if p.r == 4 else gb), "gradients"))
+            if plan.tied_head and plan.head_trains:  # added into the head's .grad, made earlier in backward
+                tr.free(tr.alloc(emb.numel * (4 if p.r == 4 else gb), "transient"))
+            else:
+                grad(emb.numel * (4 if p.r == 4 else gb))
+        grad(plan.other_grad_numel * (4 if p.r == 4 else gb))
     tr.mark("phase", "optimizer step")
     trainable = [(prm.numel, int(prm.bytes_per)) for prm in plan.params if prm.trainable]
     if first:
