@@ -26,6 +26,8 @@ import tomli_w
 from capture import __version__
 from capture._atomic import atomic_write
 from capture._safe_read import MANIFEST_MAX_BYTES, read_regular
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture.errors import ManifestError, SignatureError
 from capture.schema import validate
 
@@ -263,14 +265,10 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
             "a manifest is UTF-8 TOML; regenerate it with `capture fingerprint`",
         ) from None
     try:
-        data: dict[str, Any] = _tomllib().loads(text)
-    except _tomllib().TOMLDecodeError as exc:
-        reason = str(exc).splitlines()[0]
-        raise ManifestError(f"{source}: not valid TOML ({reason})",
+        data: dict[str, Any] = toml_loads(text, _tomllib())
+    except TomlError as exc:
+        raise ManifestError(f"{source}: not valid TOML ({exc})",
                             "the file may be truncated or hand-edited; regenerate it") from None
-    except RecursionError:
-        raise ManifestError(f"{source}: arrays or inline tables nested too deeply to read",
-                            "this is not a manifest capture wrote; regenerate it") from None
     check_schema(data, source)
     validate(data, source)
     return data
@@ -279,11 +277,8 @@ def parse_body(body: bytes, source: str = "manifest") -> dict[str, Any]:
 def parse_trailer(trailer: bytes, source: str = "manifest") -> dict[str, Any]:
     """Parse the ``[signature]`` table."""
     try:
-        data = _tomllib().loads(trailer.decode("utf-8"))
-    except RecursionError:
-        raise SignatureError(f"{source}: the [signature] table cannot be read (nested too deeply)",
-                             "re-sign the manifest with `capture sign FILE --key KEY`") from None
-    except (UnicodeDecodeError, _tomllib().TOMLDecodeError) as exc:
+        data = toml_loads(trailer.decode("utf-8"), _tomllib())
+    except (UnicodeDecodeError, TomlError) as exc:  # TomlError: also nested too deeply, or a 5,000-digit integer
         raise SignatureError(f"{source}: the [signature] table cannot be read ({str(exc).splitlines()[0]})",
                              "re-sign the manifest with `capture sign FILE --key KEY`") from None
     sig = data.get("signature")

@@ -315,11 +315,11 @@ def _toml_string_end(text: str, i: int) -> int:
 
 
 def _toml_string_value(token: str) -> str | None:
-    import tomllib
+    from capture._toml import TomlError, loads
 
     try:
-        value = tomllib.loads("v = " + token)["v"]
-    except (tomllib.TOMLDecodeError, KeyError):
+        value = loads("v = " + token)["v"]
+    except (TomlError, KeyError):  # TomlError: also a 5,000-digit integer token
         return None
     return value if isinstance(value, str) else None
 

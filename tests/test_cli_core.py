@@ -230,6 +230,8 @@ BAD_FILES = {
     "future-schema": (b'schema_version = 7\nkind = "fingerprint"\ncreated_utc = "x"\n', 3),
     "unsigned-valid": (b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "x"\n', 4),
     "broken-trailer": (b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "x"\n[signature]\nformat = "sshsig\n', 4),
+    "trailer-integer-of-5000-digits": (b'schema_version = 1\nkind = "fingerprint"\ncreated_utc = "x"\n[signature]\nx = '
+                                       + b"9" * 5000 + b"\n", 4),
 }
 
 

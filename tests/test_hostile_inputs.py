@@ -113,6 +113,10 @@ def _cases(tmp: Path, sign: Callable[[bytes], bytes], h200_body: bytes) -> dict[
     put("unsigned-body-with-signature-table", _head() + b'[signature.format]\nx = "sshsig"\n')
     # (11) control characters in keys
     put("signed-key-with-escape", sign(_head() + b'[host]\n"os\\u001b[2K" = "x"\n'))
+    # an integer past Python's 4,300-digit limit: int() raises a plain ValueError, not TOMLDecodeError
+    digits = b"9" * 5000
+    put("integer-of-5000-digits", _head() + b"x = " + digits + b"\n")
+    put("signed-integer-of-5000-digits", sign(_head() + b"x = " + digits + b"\n"))
     return out
 
 
@@ -173,7 +177,7 @@ CASE_NAMES = sorted(["deep-array-500", "deep-inline-table-500", "deep-table-head
                      "signed-packages-is-a-list", "signed-step-median-is-a-string",
                      "signed-body-with-signature-subtable", "signed-body-with-dotted-signature-key",
                      "signed-body-with-inline-signature", "unsigned-body-with-signature-table",
-                     "signed-key-with-escape"])
+                     "signed-key-with-escape", "integer-of-5000-digits", "signed-integer-of-5000-digits"])
 
 
 def test_the_corpus_is_what_the_test_runs(corpus):
@@ -267,7 +271,7 @@ def test_subprocess_bounded_time_and_memory(corpus, test_signer, name, command):
 
 
 @pytest.mark.parametrize("text", ["[fields]\n\"a\" = " + "[" * 100_000 + "\n", "x = " + "{a = " * 600 + "1" + "}" * 600 + "\n",
-                                  "fields = 3\n", "[ignore]\nfields = [[[1]]]\n"])
+                                  "fields = 3\n", "[ignore]\nfields = [[[1]]]\n", "x = " + "9" * 5000 + "\n"])
 def test_hostile_policy_file_is_one_config_error(tmp_path, test_signer, h200_body, text, capsys):
     """Finding 3 for --policy: a config error (exit 2, one line), never a RecursionError."""
     policy = tmp_path / "policy.toml"

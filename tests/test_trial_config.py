@@ -187,6 +187,23 @@ def test_hostile_config_files_are_refused_with_one_line(tmp_path):
     zero.symlink_to("/dev/zero")
     deep = tmp_path / "deep.toml"
     deep.write_text("[trial]\nx = " + "[" * 3000 + "]" * 3000 + "\n")
-    for path, match in ((fifo, "not a regular file"), (zero, "not a regular file"), (deep, "nested too deeply")):
+    digits = tmp_path / "digits.toml"
+    digits.write_text("[trial]\nseed = " + "9" * 5000 + "\n")
+    for path, match in ((fifo, "not a regular file"), (zero, "not a regular file"), (deep, "nested too deeply"),
+                        (digits, "an integer of more than 4,300 digits")):
         with pytest.raises(ConfigError, match=match):
             load_config(path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"text": "a"}\n{"text": ', "is not valid JSON \\(line 2\\)"),
+    ('{"text": "a", "n": ' + "9" * 5000 + "}\n", "holds a number too long to read"),  # int()'s 4,300-digit limit
+    ("[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+])
+def test_a_hostile_data_file_is_one_config_error(text, match):
+    """What the user's data files may hold, read where every .jsonl/.json record is parsed."""
+    from capture.errors import ConfigError
+    from capture.trial.build.data import _rows
+
+    with pytest.raises(ConfigError, match=match):
+        _rows(Path("train.jsonl"), text, ".jsonl")

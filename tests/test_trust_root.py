@@ -366,7 +366,7 @@ def test_pinned_files_are_named_by_content_and_listed_in_the_index(tmp_path, peo
     assert "named by their content id" in out and "not listed in index.json" in out
 
 
-def test_a_broken_index_is_one_malformed_row(tmp_path, people):
+def test_a_broken_index_is_one_malformed_row(tmp_path, people, capsys):
     repo = make_results_repo(tmp_path / "results", people["alice"])
     src = tmp_path / "run.toml"
     people["alice"].write(src, h200_manifest())
@@ -375,6 +375,15 @@ def test_a_broken_index_is_one_malformed_row(tmp_path, people):
     report = verify_tree([str(repo)])
     index_rows = [e for e in report.entries if e.path.endswith("index.json")]
     assert len(index_rows) == 1 and index_rows[0].status == "MALFORMED" and "not JSON" in index_rows[0].reason
+    (repo / "index.json").write_text('{"runs": [' + "9" * 5000 + "]}")  # past int()'s 4,300-digit limit
+    report = verify_tree([str(repo)])
+    assert any(e.path.endswith("index.json") and e.status == "MALFORMED" for e in report.entries)
+    people["alice"].write(tmp_path / "run2.toml", h200_manifest(created_utc="2026-12-03T10:15:00Z"))
+    git(repo, "commit", "-qam", "an index with a 5,000-digit number")
+    capsys.readouterr()
+    assert main(["pin", str(tmp_path / "run2.toml"), "--repo", str(repo)]) == 3  # one line, not a traceback
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {repo / 'index.json'}: cannot read the index") and "Traceback" not in err, err
     (repo / "index.json").unlink()
     os.mkfifo(repo / "index.json")  # never read as a stream that does not end
     report = verify_tree([str(repo)])

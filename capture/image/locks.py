@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -36,6 +35,8 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture._atomic import atomic_write
 from capture.errors import UsageError
 
@@ -245,8 +246,8 @@ def read_lock(name: str, path: Path | None = None) -> Lock:
 
 def read_pyproject(pyproject: Path) -> dict:
     try:
-        return tomllib.loads(Path(pyproject).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return toml_loads(Path(pyproject).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, TomlError) as exc:
         raise UsageError(f"{pyproject}: cannot read ({exc})", "run from a checkout of capture") from None
 
 
@@ -361,7 +362,10 @@ def resolve(spec: LockSpec, pyproject: Path, index_args: Sequence[str] = (), ski
             raise UsageError(f"uv could not resolve the {spec.name} lock: {reason.lstrip('╰─▶ ')}",
                              "a wheel may live on another index: pass --extra-index-url URL or --find-links DIR, "
                              "or --skip torch to leave torch out as missing")
-        data = tomllib.loads(out.read_text(encoding="utf-8"))
+        try:
+            data = toml_loads(out.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, TomlError) as exc:
+            raise UsageError(f"uv wrote a lock capture cannot read ({exc})", "check the uv version (`uv --version`)") from None
     return wheels_from_pylock(spec, data)
 
 

@@ -8,12 +8,13 @@ bandwidth), where they come from, and the healthy ranges the checks judge measur
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
@@ -86,9 +87,9 @@ def _range(value: Any, where: str, hint: str) -> Range:
 def parse_catalog(text: str, source: str, defaults: dict[str, Range] | None = None) -> tuple[list[Sku], dict[str, Range]]:
     hint = f"fix {source}; see {SHIPPED} for the format"
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+        doc = toml_loads(text)
+    except TomlError as exc:
+        raise ConfigError(f"{source}: not valid TOML ({exc})", hint) from None
     extra = sorted(set(doc) - {"defaults", "sku"})
     if extra:
         raise ConfigError(f"{source}: {extra[0]}: unknown key (the file holds [defaults] and [[sku]] tables)", hint)

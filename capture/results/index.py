@@ -29,8 +29,8 @@ def load_rows(root: Path) -> list[dict[str, Any]]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: cannot read the index ({exc})",
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of 5,000 digits
+        raise ManifestError(f"{path}: cannot read the index ({str(exc).splitlines()[0][:200]})",
                             "restore it from git (`git checkout -- index.json`) and pin again") from None
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):

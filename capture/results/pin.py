@@ -34,12 +34,13 @@ import io
 import logging
 import os
 import sys
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture.errors import ManifestError, TrustError, UsageError
 from capture.results import _publish
 from capture.results import index as _index
@@ -138,8 +139,8 @@ def _check_layout(root: Path) -> None:
     if not cfg.exists():
         return
     try:
-        layout = tomllib.loads(read_regular(cfg, CONFIG_MAX_BYTES, UsageError, "results-repository setting").decode("utf-8")).get("layout", LAYOUT_VERSION)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        layout = toml_loads(read_regular(cfg, CONFIG_MAX_BYTES, UsageError, "results-repository setting").decode("utf-8")).get("layout", LAYOUT_VERSION)
+    except (OSError, UnicodeDecodeError, TomlError) as exc:
         raise UsageError(f"{cfg}: cannot read ({str(exc).splitlines()[0]})", "fix or remove the file") from None
     if layout != LAYOUT_VERSION:
         raise UsageError(f"{cfg}: layout {layout!r} is not one this capture writes ({LAYOUT_VERSION})",

@@ -32,12 +32,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 from capture.redact import redact_text, redact_value, toml_without_comments
@@ -291,11 +292,11 @@ def recorded_text(text: str) -> str:
     """What ``trial.config_toml`` holds: ``text`` without comments and without credentials."""
     out = toml_without_comments(text)
     try:
-        tomllib.loads(out)
-    except tomllib.TOMLDecodeError:  # never expected; still, never record the comments
+        toml_loads(out)
+    except TomlError:  # never expected; still, never record the comments
         import tomli_w
 
-        out = tomli_w.dumps(redact_value(tomllib.loads(text)))
+        out = tomli_w.dumps(redact_value(toml_loads(text)))
     return out
 
 
@@ -306,11 +307,9 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
     if any(line.strip() == "[signature]" for line in text.splitlines()):
         raise ConfigError(f"{source}: a line reads [signature]", "that line is reserved for the manifest's signature; remove it")
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({redact_text(str(exc).splitlines()[0])})", hint) from None
-    except RecursionError:
-        raise ConfigError(f"{source}: nested too deeply to be a trial config", hint) from None
+        doc = toml_loads(text)
+    except TomlError as exc:  # also nested too deeply, or an integer of thousands of digits
+        raise ConfigError(f"{source}: not valid TOML ({redact_text(str(exc))})", hint) from None
     extra = [k for k in doc if k != "trial"]
     if extra:
         more = " (did you mean trial?)" if difflib.get_close_matches(extra[0], ["trial"], n=1) else "; every key lives under [trial]"

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
 from capture._safe_read import read_overlays
 from capture.errors import ConfigError
 from capture.paths import config_dir
@@ -93,9 +94,9 @@ def _parse_catalog(text: str, source: str, currency: str = "USD") -> tuple[list[
     """The cards of one catalog file, and its header ``currency`` (None when it has none)."""
     hint = f"fix {source}; see capture/data/accelerators.toml for the format"
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({str(exc).splitlines()[0]})", hint) from None
+        doc = toml_loads(text)
+    except TomlError as exc:
+        raise ConfigError(f"{source}: not valid TOML ({exc})", hint) from None
     unknown = [k for k in doc if k not in ("accelerator", "currency")]
     if unknown:
         raise ConfigError(f"{source}: {unknown[0]}: unknown key (the file holds a currency and [[accelerator]] tables)",

@@ -195,7 +195,8 @@ def plan_for(config: Any, device_type: str, seq: int | None = None, seq_source: 
     tied = out_w is not None and out_w is in_w
     head_trains, embed_trains = bool(out_w is not None and out_w.requires_grad), bool(in_w is not None and in_w.requires_grad)
     modelled = (layers * sum(lin.numel for lin in shape.linears if lin.trainable)
-                + (in_w.numel() if embed_trains else 0) + (out_w.numel() if head_trains and not tied else 0))
+                + (in_w.numel() if in_w is not None and embed_trains else 0)
+                + (out_w.numel() if out_w is not None and head_trains and not tied else 0))
     other = sum(prm.numel for prm in params if prm.trainable and prm.kind != "lora") - modelled
     return Plan(
         params=params, shape=shape, layers=layers, vocab=int(cfg.vocab_size), hidden=int(cfg.hidden_size),

@@ -30,6 +30,9 @@ except ImportError:  # pragma: no cover - tomli is a dependency
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from capture._toml import TomlError
+from capture._toml import loads as toml_loads
+
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 
@@ -169,17 +172,15 @@ class Policy:
         """
         p = Path(path)
         try:
-            data = tomllib.loads(read_regular(p, CONFIG_MAX_BYTES, ConfigError, "policy file").decode("utf-8"))
+            data = toml_loads(read_regular(p, CONFIG_MAX_BYTES, ConfigError, "policy file").decode("utf-8"), tomllib)
         except FileNotFoundError:
             raise ConfigError(f"policy file {p}: no such file", "check the --policy path") from None
         except IsADirectoryError:
             raise ConfigError(f"policy file {p}: is a folder", "check the --policy path") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"policy file {p}: cannot read ({exc})", "check the --policy path") from None
-        except tomllib.TOMLDecodeError as exc:
+        except TomlError as exc:  # also nested too deeply, or an integer of thousands of digits
             raise ConfigError(f"policy file {p}: not valid TOML ({exc})", "fix the TOML syntax") from None
-        except RecursionError:
-            raise ConfigError(f"policy file {p}: nested too deeply to read", "a policy file has three flat tables") from None
         unknown = set(data) - {"fields", "ignore", "compare"}
         if unknown:
             raise ConfigError(f"policy file {p}: unknown table [{sorted(unknown)[0]}]",

@@ -237,12 +237,26 @@ def corpus_text() -> str:
 
 
 def _rows(f: Path, text: str, suffix: str) -> list[Any]:
-    try:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if suffix == ".jsonl" else json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {exc.lineno})", "fix or remove the file") from None
-    except RecursionError:
-        raise ConfigError(f"trial.data: {f.name} is nested too deeply", "fix or remove the file") from None
+    """The records of one .jsonl (a line each) or .json (one array) file; an error names the file's line."""
+    lines = enumerate(text.splitlines(), 1) if suffix == ".jsonl" else [(1, text)]
+    rows: Any = []
+    for at, line in lines:
+        if suffix == ".jsonl" and not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {at + exc.lineno - 1})",
+                              "fix or remove the file") from None
+        except ValueError:  # json's own limit: an integer of more than 4,300 digits
+            raise ConfigError(f"trial.data: {f.name} holds a number too long to read (line {at})",
+                              "fix or remove the file") from None
+        except RecursionError:
+            raise ConfigError(f"trial.data: {f.name} is nested too deeply (line {at})", "fix or remove the file") from None
+        if suffix == ".jsonl":
+            rows.append(value)
+        else:
+            rows = value
     if not isinstance(rows, list):
         raise ConfigError(f"trial.data: {f.name} must hold a JSON array of objects", "or use .jsonl, one object a line")
     return rows

@@ -296,7 +296,8 @@ def apply_lora(model: torch.nn.Module, config: TrialConfig) -> tuple[torch.nn.Mo
     if cast(Any, model.config).model_type == "gpt2":  # a transformers config, not a module
         kwargs["fan_in_fan_out"] = True  # GPT-2 stores its projections as Conv1D (transposed)
     linear_names = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if _is_linear(mod)})
-    widest = max((max(mod.weight.shape) for mod in model.modules() if _is_linear(mod)), default=0)
+    widest = max((max(int(d) for d in cast(Any, mod).weight.shape) for mod in model.modules() if _is_linear(mod)),
+                 default=0)
     if widest and lc.rank > widest:  # also keeps a hostile rank (2**63) from reaching torch's allocator
         raise ConfigError(f"trial.lora.rank = {lc.rank} is larger than every linear layer of this model (widest: {widest})",
                           "a LoRA update of rank r has rank at most min(in, out) of its layer; usual ranks are 8 to 256")
