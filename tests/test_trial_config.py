@@ -207,3 +207,41 @@ def test_a_hostile_data_file_is_one_config_error(text, match):
 
     with pytest.raises(ConfigError, match=match):
         _rows(Path("train.jsonl"), text, ".jsonl")
+
+
+BOUNDS = {  # (table, key, largest accepted): docs/trial.md's config reference
+    ("trial", "seed", 2**32 - 1), ("trial", "warmup_steps", 1_000_000), ("trial", "measured_steps", 1_000_000),
+    ("trial.batch", "max_seq_len", 2**24), ("trial.batch", "micro_batch_size", 65_536),
+    ("trial.batch", "grad_accum", 65_536), ("trial.validation", "every_steps", 2**31 - 1),
+    ("trial.validation", "batches", 1_000_000), ("trial.checkpoint", "every_steps", 2**31 - 1),
+    ("trial.scheduler", "warmup_steps", 2**31 - 1), ("trial.data", "synthetic_sequences", 2**24),
+    ("trial.lora", "rank", 65_536), ("trial.recovery", "total_steps", 1_000_000),
+}
+
+
+@pytest.mark.parametrize("table, key, largest", sorted(BOUNDS))
+def test_integer_settings_have_an_upper_bound_named_in_one_line(table, key, largest):
+    """A typo or a hostile file (2**64 as the seed ended in torch's "Overflow when unpacking long
+    long"; 2**63 validation batches ran for ever) is one config error; the bound itself is accepted."""
+    from capture.errors import ConfigError
+
+    def text(value: int) -> str:
+        body = BASE.replace("[trial]\n", f"[trial]\n{key} = {value}\n", 1) if table == "trial" else BASE + f"[{table}]\n{key} = {value}\n"
+        return body + ('[trial.data]\nsource = "synthetic"\n' if table != "trial.data" else "source = \"synthetic\"\n")
+
+    _cfg(text(largest))
+    for value in (largest + 1, 2**64, 10**40):
+        with pytest.raises(ConfigError, match=f"^{table}.{key}: must be <= {largest:,}, got "):
+            _cfg(text(value))
+
+
+@pytest.mark.parametrize("flag, key", [("--steps", "measured_steps"), ("--warmup", "warmup_steps"),
+                                       ("--micro-batch", "micro_batch_size")])
+def test_command_line_overrides_have_the_same_bounds(flag, key):
+    from capture.errors import ConfigError
+
+    c = _cfg(BASE)
+    c.with_overrides(**{key: 65_536})
+    with pytest.raises(ConfigError, match=f"^{flag}: must be <= ") as info:
+        c.with_overrides(**{key: 2**63})
+    assert info.value.hint

@@ -109,14 +109,21 @@ def _load(args: argparse.Namespace) -> Any:
     return load_example(args.example) if args.example else load_config(args.config)
 
 
+def _check_batch_flag(flag: str, value: int | None) -> None:
+    """A micro-batch on the command line: 1 to the config's own bound (BATCH_MAX)."""
+    from capture.trial.config import BATCH_MAX
+
+    if value is not None and not 1 <= value <= BATCH_MAX:
+        raise UsageError(f"{flag}: must be from 1 to {BATCH_MAX:,}, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom: must be in [0, 1), got {args.headroom:g}", "e.g. --headroom 0.1 keeps 10% free")
     for flag, value in (("--micro-batch", args.micro_batch), ("--max-batch", args.max_batch)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
+        _check_batch_flag(flag, value)
     config = _load(args)
     from capture.trial.build.model import preflight
     from capture.trial.estimate import card_fits, estimate_config, render_text, to_json
@@ -166,9 +173,9 @@ def _trial(args: argparse.Namespace) -> int:
                          "e.g. `capture trial --example tiny` or `capture trial my-trial.toml`")
     if not 0 <= args.headroom < 1:
         raise UsageError(f"--headroom: must be in [0, 1), got {args.headroom:g}", "e.g. --headroom 0.1 keeps 10% free")
-    for flag, value in (("--max-batch", args.max_batch), ("--target-tokens", args.target_tokens)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: must be >= 1, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
+    _check_batch_flag("--max-batch", args.max_batch)
+    if args.target_tokens is not None and args.target_tokens < 1:
+        raise UsageError(f"--target-tokens: must be >= 1, got {args.target_tokens}", "e.g. --target-tokens 1e9")
     if args.output:
         from capture._atomic import check_target
 

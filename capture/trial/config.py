@@ -45,6 +45,15 @@ from capture.redact import redact_text, redact_value, toml_without_comments
 from capture.trial.config_read import Table, check_choice, check_int, did_you_mean, shown
 
 METHODS = ("full", "lora")
+# Upper bounds of the integer settings: far beyond any real run, low enough that a typo or a
+# hostile file cannot overflow torch's 64-bit sizes and seeds or keep a trial running for ever.
+SEED_MAX = 2**32 - 1  # numpy's range; python, numpy and torch are seeded with it (derived seeds stay in 64 bits)
+STEPS_MAX = 1_000_000  # trial steps, validation batches, recovery steps: a trial measures minutes, not the run
+SCHEDULE_MAX = 2**31 - 1  # schedules of the long run (scheduler warm-up, validation and checkpoint intervals)
+SEQ_MAX = 2**24  # tokens in one sequence (and the chunked loss's chunk)
+BATCH_MAX = 65_536  # sequences in a micro-batch; micro-batches in an optimizer step
+SEQUENCES_MAX = 2**24  # synthetic sequences (their shuffle is a permutation of this many)
+RANK_MAX = 65_536  # LoRA rank (the model's widest layer bounds it further)
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_SOURCES = ("hub", "local", "from_config")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -260,7 +269,7 @@ class TrialConfig:
             if value is None:
                 continue
             if key == "micro_batch_size":
-                check_int(value, "--micro-batch", 1)
+                check_int(value, "--micro-batch", 1, BATCH_MAX)
                 cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro_batch_size=value))
             elif key == "recovery_enabled":
                 cfg = dataclasses.replace(cfg, recovery=dataclasses.replace(cfg.recovery, enabled=bool(value)))
@@ -274,7 +283,7 @@ class TrialConfig:
                 cfg = dataclasses.replace(cfg, device=value)
             elif key in ("warmup_steps", "measured_steps"):
                 flag = "--warmup" if key == "warmup_steps" else "--steps"
-                check_int(value, flag, 0 if key == "warmup_steps" else 1)
+                check_int(value, flag, 0 if key == "warmup_steps" else 1, STEPS_MAX)
                 cfg = dataclasses.replace(cfg, **{key: value})
             else:
                 raise ValueError(f"unknown override {key}")
@@ -319,11 +328,11 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
     t = Table(doc["trial"], "trial", hint)
 
     name = redact_text(t.get("name", str, default_name))  # it names files and reports: never a credential
-    seed = t.int("seed", 1234, 0)
+    seed = t.int("seed", 1234, 0, SEED_MAX)
     method = t.choice("method", METHODS, "full")
     device = t.choice("device", DEVICES, "auto")
-    warmup = t.int("warmup_steps", 3, 0)
-    measured = t.int("measured_steps", 20, 1)
+    warmup = t.int("warmup_steps", 3, 0, STEPS_MAX)
+    measured = t.int("measured_steps", 20, 1, STEPS_MAX)
     model = _model(t.table("model"), method)
     training = _training(t.table("training"))
 
@@ -335,14 +344,14 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
             raise lt.err("target_modules", f'must be an array of module names or "all-linear", got {shown(targets)}')
     else:
         targets = lt.strings("target_modules", None)
-    lora = LoraConfig(rank=lt.int("rank", 8, 1), alpha=lt.positive("alpha", 16.0),
+    lora = LoraConfig(rank=lt.int("rank", 8, 1, RANK_MAX), alpha=lt.positive("alpha", 16.0),
                       dropout=lt.fraction("dropout", 0.05), target_modules=targets)
     lt.done()
 
     optimizer = _optimizer(t.table("optimizer"))
 
     s = t.table("scheduler")
-    scheduler = SchedulerConfig(name=s.choice("name", SCHEDULERS, "constant"), warmup_steps=s.int("warmup_steps", 0, 0))
+    scheduler = SchedulerConfig(name=s.choice("name", SCHEDULERS, "constant"), warmup_steps=s.int("warmup_steps", 0, 0, SCHEDULE_MAX))
     s.done()
 
     p = t.table("precision")
@@ -355,21 +364,23 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
     p.done()
 
     b = t.table("batch")
-    batch = BatchConfig(max_seq_len=b.int("max_seq_len", 128, 2), micro_batch_size=b.int("micro_batch_size", 8, 1),
-                        grad_accum=b.int("grad_accum", 1, 1))
+    batch = BatchConfig(max_seq_len=b.int("max_seq_len", 128, 2, SEQ_MAX),
+                        micro_batch_size=b.int("micro_batch_size", 8, 1, BATCH_MAX),
+                        grad_accum=b.int("grad_accum", 1, 1, BATCH_MAX))
     b.done()
 
     data = _data(t.table("data"), model)
 
     v = t.table("validation")
-    validation = ValidationConfig(every_steps=v.int("every_steps", 100, 1), batches=v.int("batches", 4, 1))
+    validation = ValidationConfig(every_steps=v.int("every_steps", 100, 1, SCHEDULE_MAX),
+                                  batches=v.int("batches", 4, 1, STEPS_MAX))
     v.done()
 
     c = t.table("checkpoint")
     copy_to = c.get("copy_to", str, None)
     if copy_to is not None and not copy_to.strip():
         raise c.err("copy_to", "must name a folder, got an empty string")
-    checkpoint = CheckpointConfig(enabled=c.get("enabled", bool, True), every_steps=c.int("every_steps", 0, 0),
+    checkpoint = CheckpointConfig(enabled=c.get("enabled", bool, True), every_steps=c.int("every_steps", 0, 0, SCHEDULE_MAX),
                                   format=c.choice("format", CHECKPOINT_FORMATS, "torch.save"), copy_to=copy_to)
     c.done()
 
@@ -382,8 +393,8 @@ def parse(text: str, source: str, base_dir: Path, default_name: str) -> TrialCon
     deterministic = r.get("deterministic", (bool, str), "auto")
     if isinstance(deterministic, str) and deterministic != "auto":
         raise r.err("deterministic", f'must be "auto", true or false, got {shown(deterministic)}')
-    recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1),
-                              total_steps=r.int("total_steps", 4, 2), withhold=withhold,
+    recovery = RecoveryConfig(enabled=r.get("enabled", bool, True), save_at_step=r.int("save_at_step", 2, 1, STEPS_MAX),
+                              total_steps=r.int("total_steps", 4, 2, STEPS_MAX), withhold=withhold,
                               sensitivity=r.get("sensitivity", bool, True),
                               deterministic=None if deterministic == "auto" else deterministic)
     if recovery.total_steps <= recovery.save_at_step:
@@ -448,7 +459,7 @@ def _model(m: Table, method: str) -> ModelConfig:
 def _training(g: Table) -> TrainingConfig:
     training = TrainingConfig(
         gradient_checkpointing=g.get("gradient_checkpointing", bool, False), compile=g.get("compile", bool, False),
-        loss=g.choice("loss", LOSSES, "standard"), loss_chunk_size=g.int("loss_chunk_size", 1024, 16))
+        loss=g.choice("loss", LOSSES, "standard"), loss_chunk_size=g.int("loss_chunk_size", 1024, 16, SEQ_MAX))
     if g.has("loss_chunk_size") and training.loss != "chunked":
         raise g.err("loss_chunk_size", 'only used with loss = "chunked"')
     g.done()
@@ -495,7 +506,7 @@ def _data(d: Table, model: ModelConfig) -> DataConfig:
         assistant_only_loss=d.get("assistant_only_loss", bool, False), packing=d.get("packing", bool, True),
         files=d.strings("files", DataConfig.files) or DataConfig.files,
         validation_fraction=d.fraction("validation_fraction", 0.1),
-        synthetic_sequences=d.int("synthetic_sequences", 256, 2),
+        synthetic_sequences=d.int("synthetic_sequences", 256, 2, SEQUENCES_MAX),
     )
     if data.source == "local" and not data.path:
         raise d.err("path", 'required when source = "local" (a folder or file of .txt/.jsonl/.json)')

@@ -42,16 +42,21 @@ def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check_int(value: Any, key: str, minimum: int) -> None:
+_FLAG_HINT = "`capture trial --help` lists the flags; docs/trial.md the settings they override"
+
+
+def check_int(value: Any, key: str, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: must be an integer, got {shown(value)}")
+        raise ConfigError(f"{key}: must be an integer, got {shown(value)}", _FLAG_HINT)
     if value < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {value}")
+        raise ConfigError(f"{key}: must be >= {minimum}, got {value}", _FLAG_HINT)
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key}: must be <= {maximum:,}, got {value}", _FLAG_HINT)
 
 
 def check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {shown(value)}")
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {shown(value)}", _FLAG_HINT)
 
 
 class Table:
@@ -88,10 +93,14 @@ class Table:
             raise self.err(name, f"must be a finite number, got {value}")
         return value
 
-    def int(self, name: str, default: int, minimum: int | None = None) -> int:
+    def int(self, name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.get(name, int, default)
+        digits = str(value)
+        got = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
         if minimum is not None and value < minimum:
-            raise self.err(name, f"must be >= {minimum}, got {value}")
+            raise self.err(name, f"must be >= {minimum}, got {got}")
+        if maximum is not None and value > maximum:
+            raise self.err(name, f"must be <= {maximum:,}, got {got}")
         return value
 
     def positive(self, name: str, default: float) -> float:

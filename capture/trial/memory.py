@@ -44,7 +44,7 @@ MAX_MICRO_REPLAYED = 3
 """Micro-batches of one step replayed: from the second on, each adds its gradients into those the
 first made and frees everything else, so every later one repeats the same events from the same
 state (checked against replaying all of them: tests/test_memory_estimate.py). A grad_accum of
-10**18 costs what 3 does."""
+65,536 (the config's bound) costs what 3 does."""
 
 
 @dataclass(frozen=True)
