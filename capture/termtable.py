@@ -11,6 +11,7 @@ line. Where even the columns that must stay cannot stand side by side, each row 
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,12 +52,28 @@ def _natural(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
 
 
-def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None) -> list[str]:
-    """A paragraph wrapped at spaces to ``width`` (a word wider than the line is cut, the last resort)."""
+GLUE = "\xa0"
+"""Joins words that must stay on one line (textwrap does not break at U+00A0); :func:`wrap` prints it as a space."""
+
+
+def keep_together(text: str) -> str:
+    """``text`` as one unbreakable unit for :func:`wrap` ("weights 1.70 GiB")."""
+    return text.replace(" ", GLUE)
+
+
+def keep_units(text: str) -> str:
+    """``text`` with every number glued to the word after it ("8 MiB", "1980 MHz")."""
+    return re.sub(r"(?<=\d) (?=\S)", GLUE, text)
+
+
+def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None, cut_long: bool = True) -> list[str]:
+    """A paragraph wrapped at spaces to ``width``. A word wider than the line is cut, the last
+    resort, or with ``cut_long=False`` left whole to overrun (a path, a hash). Words joined by
+    :data:`GLUE` (:func:`keep_together`, :func:`keep_units`) stay on one line."""
     sub = indent if subsequent is None else subsequent
-    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=sub, break_long_words=True,
+    lines = textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=sub, break_long_words=cut_long,
                           break_on_hyphens=False)
-    return lines or [indent.rstrip()]
+    return [line.replace(GLUE, " ") for line in lines] or [indent.rstrip()]
 
 
 def cut(text: str, width: int) -> str:

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -196,6 +195,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     """Content of two manifests, signed or not (a fresh fingerprint is unsigned): the header says
     each file's signature state; the exit code is about the stacks (0 same, 1 differ, 3 malformed)."""
     from capture._escape import printable
+    from capture.termtable import wrap
     from capture.verify import Policy, compare_manifests, open_manifest
 
     policy = Policy.everything() if args.everything else (
@@ -219,9 +219,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             if len(head) + 3 + len(sig) <= 100:
                 sys.stdout.write(f"{head} — {sig}\n")
             else:  # the path whole on its line, the verdict below it within 100 columns
-                sys.stdout.write(head + "\n" + "\n".join(textwrap.wrap(
-                    sig, 100, initial_indent="   ", subsequent_indent="     ", break_long_words=False,
-                    break_on_hyphens=False)) + "\n")
+                sys.stdout.write(head + "\n" + "\n".join(wrap(sig, 100, "   ", "     ", cut_long=False)) + "\n")
             e = commands[label.lower()]
             if e is not None:  # what capture exec ran: a failed command reads FAILED
                 sys.stdout.write(f"   command {printable(e.line())}; outputs: {printable(e.outputs_text())}\n")

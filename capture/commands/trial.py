@@ -112,9 +112,10 @@ def _load(args: argparse.Namespace) -> Any:
 def _check_batch_flag(flag: str, value: int | None) -> None:
     """A micro-batch on the command line: 1 to the config's own bound (BATCH_MAX)."""
     from capture.trial.config import BATCH_MAX
+    from capture.trial.config_read import check_int
 
-    if value is not None and not 1 <= value <= BATCH_MAX:
-        raise UsageError(f"{flag}: must be from 1 to {BATCH_MAX:,}, got {value}", f"e.g. {flag} 4 (sequences per micro-batch)")
+    if value is not None:
+        check_int(value, flag, 1, BATCH_MAX, f"e.g. {flag} 4 (sequences per micro-batch)")
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-import textwrap
 from typing import Any
 
 from capture.fmt import MISSING, number_str, seconds_str
+from capture.termtable import keep_units, wrap
 
 _MARK = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skipped": "-"}
 
@@ -60,10 +59,7 @@ def render(data: dict[str, Any], verbose: bool = False, width: int = 100) -> str
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     """``text`` after ``first``, continued under ``rest``, broken at spaces only (a long word overruns),
     never between a number and what follows it ("8 MiB", "1455 of 1980 MHz" keeps "1980 MHz")."""
-    kept = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # U+00A0 is not a break for textwrap
-    return [x.replace("\xa0", " ") for x in textwrap.wrap(
-        kept, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-        break_on_hyphens=False)] or [first.rstrip()]
+    return wrap(keep_units(text), width, first, rest, cut_long=False)
 
 
 def preflight_rows(data_a: dict[str, Any], data_b: dict[str, Any]) -> list[dict[str, Any]]:

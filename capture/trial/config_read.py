@@ -45,13 +45,20 @@ def did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
 _FLAG_HINT = "`capture trial --help` lists the flags; docs/trial.md the settings they override"
 
 
-def check_int(value: Any, key: str, minimum: int, maximum: int | None = None) -> None:
+def _int_shown(value: int) -> str:
+    """An integer for an error line: a huge one by its first digits and its length."""
+    digits = str(value)
+    return digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+
+
+def check_int(value: Any, key: str, minimum: int, maximum: int | None = None, hint: str = _FLAG_HINT) -> None:
+    """A command-line integer within the bounds of the setting it overrides."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: must be an integer, got {shown(value)}", _FLAG_HINT)
+        raise ConfigError(f"{key}: must be an integer, got {shown(value)}", hint)
     if value < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {value}", _FLAG_HINT)
+        raise ConfigError(f"{key}: must be >= {minimum}, got {_int_shown(value)}", hint)
     if maximum is not None and value > maximum:
-        raise ConfigError(f"{key}: must be <= {maximum:,}, got {value}", _FLAG_HINT)
+        raise ConfigError(f"{key}: must be <= {maximum:,}, got {_int_shown(value)}", hint)
 
 
 def check_choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
@@ -95,12 +102,10 @@ class Table:
 
     def int(self, name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
         value = self.get(name, int, default)
-        digits = str(value)
-        got = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
         if minimum is not None and value < minimum:
-            raise self.err(name, f"must be >= {minimum}, got {got}")
+            raise self.err(name, f"must be >= {minimum}, got {_int_shown(value)}")
         if maximum is not None and value > maximum:
-            raise self.err(name, f"must be <= {maximum:,}, got {got}")
+            raise self.err(name, f"must be <= {maximum:,}, got {_int_shown(value)}")
         return value
 
     def positive(self, name: str, default: float) -> float:

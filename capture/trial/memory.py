@@ -236,12 +236,14 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
     T, h, V = mb * plan.seq, plan.hidden, plan.vocab
     layer = act.LayerModel(s, p, T, mb, plan.seq, plan.attn, plan.masked, plan.device_type)
     grads: list[int] = []
-    gb = p.r
+    gb = p.r  # a gradient has its parameter's dtype (fp32 master weights under autocast: 4)
     accumulating = False  # from the second micro-batch on: each new gradient is added into .grad and freed
 
-    def grad(nbytes: int) -> None:
-        t = tr.alloc(nbytes, "transient" if accumulating else "gradients")
-        if accumulating:
+    def grad(nbytes: int, into_existing: bool = False) -> None:
+        """A gradient made in backward: kept as ``.grad``, or a transient added into one that exists."""
+        added = accumulating or into_existing
+        t = tr.alloc(nbytes, "transient" if added else "gradients")
+        if added:
             tr.free(t)
         else:
             grads.append(t)
@@ -282,7 +284,7 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
 
         def head_grad() -> None:
             if plan.head_trains:
-                grad(V * h * (4 if p.r == 4 else gb))
+                grad(V * h * gb)
 
         g = loss_mod.loss_backward(tr, held, plan.loss, T, V, h, p.a, p.r, head_grad)
         if "grad_w" in held:  # the chunked loss's head gradient, made in forward
@@ -307,11 +309,9 @@ def _step_events(tr: Trace, plan: Plan, mb: int, first: bool, opt_states: list[i
         tr.free(g, emb_saved)
         if plan.embed_trains:
             emb = next(prm for prm in plan.params if prm.kind == "embedding")
-            if plan.tied_head and plan.head_trains:  # added into the head's .grad, made earlier in backward
-                tr.free(tr.alloc(emb.numel * (4 if p.r == 4 else gb), "transient"))
-            else:
-                grad(emb.numel * (4 if p.r == 4 else gb))
-        grad(plan.other_grad_numel * (4 if p.r == 4 else gb))
+            # a tied head made this weight's .grad earlier in backward: the embedding's is added into it
+            grad(emb.numel * gb, into_existing=plan.tied_head and plan.head_trains)
+        grad(plan.other_grad_numel * gb)
     tr.mark("phase", "optimizer step")
     trainable = [(prm.numel, int(prm.bytes_per)) for prm in plan.params if prm.trainable]
     if first:

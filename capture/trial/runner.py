@@ -46,7 +46,6 @@ import hashlib
 import logging
 import os
 import sys
-import textwrap
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from capture.fmt import bytes_str
+from capture.termtable import keep_together, wrap
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
@@ -252,10 +252,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                                            seq_source="the longest batch of the data" if seq != config.batch.max_seq_len
                                            else "trial.batch.max_seq_len (every batch is that long)")
                 est = memory_mod.estimate_plan(plan, config.batch.micro_batch_size, overhead, overhead_src)
-            # 100 columns with "capture: ", never between a term and its figure (joined by U+00A0 until wrapped)
-            terms = ", ".join(f"{t.name} {bytes_str(t.bytes)}".replace(" ", "\xa0") for t in est.terms if t.bytes)
-            say("\n".join(textwrap.wrap(f"memory estimate before running: {bytes_str(est.total_bytes)}: {terms}", 91,
-                                         subsequent_indent="  ")).replace("\xa0", " "))
+            # 100 columns with "capture: ", never between a term and its figure
+            terms = ", ".join(keep_together(f"{t.name} {bytes_str(t.bytes)}") for t in est.terms if t.bytes)
+            say("\n".join(wrap(f"memory estimate before running: {bytes_str(est.total_bytes)}: {terms}", 91, "", "  ")))
             if wl.compiled:
                 say("torch.compile: compiling before the first step (timed on its own)")
                 with timer.phase("compile"):

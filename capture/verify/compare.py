@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from capture.termtable import wrap
 from capture.verify.open import Trust, open_manifest
 from capture.verify.policy import Policy
 
@@ -133,8 +133,7 @@ class Difference:
         if self.rule != "equal":
             out.append(f"  policy {self.rule}")
         if self.detail:  # file names are not cut: a longer one overruns the width
-            out += textwrap.wrap(self.detail, max(20, width - indent), initial_indent="  ", subsequent_indent="    ",
-                                 break_long_words=False, break_on_hyphens=False)
+            out += wrap(self.detail, max(20, width - indent), "  ", "    ", cut_long=False)
         return out
 
     def to_json(self, left: str = "recorded", right: str = "live") -> dict[str, Any]:
