@@ -95,7 +95,7 @@ def test_host_root_from_the_environment_feeds_the_probe_and_the_trials_device_na
     """CAPTURE_HOST_ROOT: every host fact read from files comes from that tree, and the trial's
     CPU device name is the probe's cpu_model (one reader of /proc/cpuinfo)."""
     from capture.recorder import device_name
-    from capture.trial.devmem import mem_total_bytes
+    from capture.trial import hostmem
 
     (tmp_path / "proc/sys/kernel").mkdir(parents=True)
     (tmp_path / "etc").mkdir()
@@ -110,7 +110,7 @@ def test_host_root_from_the_environment_feeds_the_probe_and_the_trials_device_na
         "identity-test-host", "9.9.9-example", "Example CPU 9000 @ 1.00GHz", 2048 * 1024, "Example OS 1", "example")
     assert info.arch == platform.machine() and info.cpu_count == os.cpu_count()  # not file facts
     assert device_name("cpu") == "CPU: Example CPU 9000 @ 1.00GHz"
-    assert mem_total_bytes() == 2048 * 1024
+    assert hostmem.read().total_bytes == 2048 * 1024  # no cgroup is limited below 2 MiB
     monkeypatch.delenv(host.ROOT_ENV)
     assert host.probe(ProbeOptions()) == host.probe(ProbeOptions(), root=Path("/"))
 

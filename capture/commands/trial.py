@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of memory to keep free (default 0.10)")
     g.add_argument("--memory-limit", metavar="BYTES",
                    help="memory to fit into (emulates a smaller card; e.g. 80GiB). Default: the device's "
-                        "memory; on a CPU, MemTotal")
+                        "memory; on a CPU, MemTotal or the memory cgroup's limit where lower")
     g.add_argument("--max-batch", type=int, default=1024, metavar="N", help="largest micro-batch the search tries (default 1024)")
     g.add_argument("--catalog", metavar="FILE", help="accelerator catalog overriding the shipped one")
     g.add_argument("--expandable-segments", action="store_true",

@@ -99,9 +99,10 @@ _ARM_PARTS = {
 }
 
 
-def parse_meminfo_total_bytes(text: str) -> int | None:
+def parse_meminfo_bytes(text: str, field: str) -> int | None:
+    """One field of /proc/meminfo in bytes (``kB`` values times 1024), None where absent or not a number."""
     for line in text.splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(field + ":"):
             parts = line.split()
             try:
                 value = int(parts[1])
@@ -110,6 +111,10 @@ def parse_meminfo_total_bytes(text: str) -> int | None:
             unit = parts[2].lower() if len(parts) > 2 else ""
             return value * 1024 if unit == "kb" else value
     return None
+
+
+def parse_meminfo_total_bytes(text: str) -> int | None:
+    return parse_meminfo_bytes(text, "MemTotal")
 
 
 def _libc() -> str | None:

@@ -50,13 +50,6 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def mem_total_bytes() -> int | None:
-    """Host memory (MemTotal of /proc/meminfo), as the host probe reads it."""
-    from capture.probes.host import memory_total_bytes
-
-    return memory_total_bytes()
-
-
 # --------------------------------------------------------------------------- NVML / amdsmi
 
 
@@ -284,7 +277,10 @@ class DeviceMemory:
             import torch
 
             return int(torch.cuda.get_device_properties(self.device).total_memory), "torch device properties"
-        return mem_total_bytes(), "MemTotal of /proc/meminfo (host memory)"
+        from capture.trial import hostmem
+
+        host = hostmem.read()  # MemTotal, or the memory cgroup's limit where lower
+        return host.total_bytes, host.total_source
 
     def device_used(self) -> tuple[int | None, str]:
         """This process's device usage now, and where the figure came from."""

@@ -57,7 +57,7 @@ from capture.termtable import keep_together, wrap
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
-from capture.trial import measured, scratch, state
+from capture.trial import hostmem, measured, scratch, state
 from capture.trial.fit import DEFAULT_HEADROOM, cards_fit, find_max_batch, is_oom, load_catalog, oom_text
 from capture.trial.scaling_args import ScalingOptions
 from capture.trial.state import release_memory
@@ -226,9 +226,13 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     try:
         say(f"building the {config.method} workload on {device} ({name})")
         allocated_before = devmem.allocated_bytes(device)
+        meta = None
         with timer.phase("load"):
+            if device.type == "cpu":  # past the host's memory the kernel kills the run: check first
+                meta, oom = hostmem.before_build(config, say)
+                failed_at = "building the model" if oom else None
             try:
-                wl = build_workload(config, device)
+                wl = build_workload(config, device) if oom is None else None
             except Exception as exc:
                 if not is_oom(exc):
                     raise
@@ -250,11 +254,12 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 seq = longest_batch_len(wl.data, config.batch.micro_batch_size)
                 plan = memory_mod.plan_for(config, device.type, seq=seq,
                                            seq_source="the longest batch of the data" if seq != config.batch.max_seq_len
-                                           else "trial.batch.max_seq_len (every batch is that long)")
+                                           else "trial.batch.max_seq_len (every batch is that long)", built=meta)
                 est = memory_mod.estimate_plan(plan, config.batch.micro_batch_size, overhead, overhead_src)
             # 100 columns with "capture: ", never between a term and its figure
             terms = ", ".join(keep_together(f"{t.name} {bytes_str(t.bytes)}") for t in est.terms if t.bytes)
             say("\n".join(wrap(f"memory estimate before running: {bytes_str(est.total_bytes)}: {terms}", 91, "", "  ")))
+            short = hostmem.before_steps(est.total_bytes, say) if device.type == "cpu" else None
             if wl.compiled:
                 say("torch.compile: compiling before the first step (timed on its own)")
                 with timer.phase("compile"):
@@ -262,9 +267,10 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 trial["compile"]["duration_s"] = timer.phases.get("compile")
 
             w, n = config.warmup_steps, config.measured_steps
-            if opts.recovery and config.recovery.enabled:
+            if opts.recovery and config.recovery.enabled and short is None:
                 early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=True)
-            say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
+            if short is None:
+                say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
                 rec = Recorder(device, warmup_steps=w, precision=config.precision.dtype,
                                params_total=wl.params_total, params_trainable=wl.params_trainable, catalog=catalog,
@@ -273,7 +279,9 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 try:
                     with rec:
                         batches = rec.batches(wl.loader)
-                        for _ in range(w + n):
+                        if short is not None:  # not started: the kernel would kill it (no manifest)
+                            oom, failed_at = short, f"training step 1 of {w + n} (not started: estimated)"
+                        for _ in range(w + n if short is None else 0):
                             loss = wl.train_step_async(batches)
                             rec.step(tokens=wl.last_tokens, loss=loss)
                             step_tokens.append((wl.last_tokens, wl.last_pad_tokens))
@@ -322,7 +330,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
 
         fit = _fit_table(oom, failed_at, trial.get("memory", {}).get("measured"), opts, dm, catalog, tested_card)
         if opts.find_max_batch:
-            limit, limit_src = _limit(opts, dm)
+            limit, limit_src = _search_limit(opts, dm, device)
             say(f"searching the largest micro-batch within {bytes_str(limit)} with {opts.headroom:.0%} headroom")
             with timer.phase("fit_search"):
                 fit["search"] = find_max_batch(config, device, limit, limit_src, opts.headroom, opts.max_batch,
@@ -464,6 +472,14 @@ def _checkpoint(wl: Any, config: TrialConfig, workdir: Path, steps: int) -> dict
     finally:
         checkpoint_io.remove(path)
     return out
+
+
+def _search_limit(opts: TrialOptions, dm: Any, device: Any) -> tuple[int, str]:
+    """The max-batch search's limit: :func:`_limit`, on a CPU no more than the process can get."""
+    limit, src = _limit(opts, dm)
+    if device.type == "cpu":
+        return hostmem.search_limit(limit, src)
+    return limit, src
 
 
 def _limit(opts: TrialOptions, dm: Any) -> tuple[int, str]:

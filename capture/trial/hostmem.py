@@ -1,0 +1,239 @@
+"""How much memory this process can get on its host: the kernel's figures and its memory cgroup's.
+
+A CPU run past that memory is not an out-of-memory error the trial can catch: the kernel's OOM
+killer ends the process (SIGKILL), and no manifest is written. Inside a container or a systemd
+slice the limit is the memory cgroup's, often far below ``MemTotal`` (``docker run --memory 8g``
+on a 64 GiB host still shows 64 GiB in /proc/meminfo). So the trial on a CPU reads both:
+
+- **total**: ``MemTotal`` of /proc/meminfo, or the cgroup's limit where that is lower (v2:
+  ``memory.max`` of this process's group and of every group above it; v1: ``memory.limit_in_bytes``
+  and ``hierarchical_memory_limit`` of ``memory.stat``);
+- **available**: ``MemAvailable`` of /proc/meminfo, or what the cgroup still allows where that is
+  lower: limit less the group's working set (usage less inactive file pages, which the kernel
+  reclaims before it kills; the working set as container runtimes count it).
+
+The group is found as the kernel states it: this process's line in /proc/self/cgroup (``0::PATH``
+for v2, ``N:...memory...:PATH`` for v1), under the mount of that hierarchy in /proc/self/mountinfo
+(the mount's root subtracted from PATH, so a container with or without a cgroup namespace reads
+its own group). Every file is read with a size bound; a value that is not a plain integer, "max",
+or one at or above 2**62 (v1's "no limit", 9223372036854771712) is no limit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from capture.probes.host import host_root, parse_meminfo_bytes
+
+_READ_MAX = 1 << 20
+NO_LIMIT = 1 << 62
+"""At or above this a cgroup value means no limit (cgroup v1 writes PAGE_COUNTER_MAX pages)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    total_bytes: int | None
+    total_source: str
+    available_bytes: int | None
+    available_source: str
+
+
+@dataclass(frozen=True)
+class _Group:
+    version: int
+    path: Path  # this process's group directory
+    top: Path  # the hierarchy's mount point (v2: the walk up stops here)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_READ_MAX).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    """A cgroup value: a plain non-negative integer below :data:`NO_LIMIT`, else None ("max", junk)."""
+    value = (text or "").strip()
+    if not re.fullmatch(r"[0-9]{1,20}", value):
+        return None
+    n = int(value)
+    return n if n < NO_LIMIT else None
+
+
+def _stat(text: str | None, key: str) -> int | None:
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return _int(value)
+    return None
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as three octal digits (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _groups(root: Path) -> list[_Group]:
+    """This process's memory cgroup(s): v2 where its mount has the memory controller's files, v1
+    where the memory controller is mounted. Empty where neither can be read."""
+    cgroup, mountinfo = _read(root / "proc/self/cgroup"), _read(root / "proc/self/mountinfo")
+    if not cgroup or not mountinfo:
+        return []
+    paths: dict[int, str] = {}  # version -> the group's path as the kernel names it
+    for line in cgroup.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "" and path.startswith("/"):
+            paths[2] = path
+        elif "memory" in controllers.split(",") and path.startswith("/"):
+            paths[1] = path
+    out: list[_Group] = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, after = left.split(" "), right.split(" ")
+        if not sep or len(fields) < 5 or len(after) < 3:
+            continue
+        fstype, options = after[0], after[2].split(",")
+        version = 2 if fstype == "cgroup2" else 1 if fstype == "cgroup" and "memory" in options else 0
+        if version not in paths:
+            continue
+        path = paths.pop(version)
+        mount_root, mount_point = _unescape(fields[3]), _unescape(fields[4])
+        rel = path[len(mount_root):] if path == mount_root or path.startswith(mount_root.rstrip("/") + "/") else ""
+        parts = [p for p in rel.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            continue
+        top = root / mount_point.lstrip("/")
+        group = top.joinpath(*parts)
+        if not group.is_dir():  # a group the mount does not show (no cgroup namespace): the mount's own
+            group = top
+        out.append(_Group(version, group, top))
+    return out
+
+
+def _limits(group: _Group) -> tuple[int | None, int | None, str]:
+    """(limit, limit less working set, file that set it) of one group; None where unlimited."""
+    if group.version == 1:
+        stat = _read(group.path / "memory.stat")
+        limits = [v for v in (_int(_read(group.path / "memory.limit_in_bytes")),
+                              _stat(stat, "hierarchical_memory_limit")) if v is not None]
+        if not limits:
+            return None, None, ""
+        usage = _int(_read(group.path / "memory.usage_in_bytes"))
+        inactive = _stat(stat, "total_inactive_file") or 0
+        left = None if usage is None else max(0, min(limits) - max(0, usage - inactive))
+        return min(limits), left, str(group.path / "memory.limit_in_bytes")
+    best: tuple[int | None, int | None, str] = (None, None, "")
+    level = group.path
+    while True:  # v2: every group above counts (a parent's memory.max bounds its children)
+        limit = _int(_read(level / "memory.max"))
+        if limit is not None:
+            current = _int(_read(level / "memory.current"))
+            inactive = _stat(_read(level / "memory.stat"), "inactive_file") or 0
+            left = None if current is None else max(0, limit - max(0, current - inactive))
+            if best[0] is None or limit < best[0]:
+                best = (limit, best[1], str(level / "memory.max"))
+            if left is not None and (best[1] is None or left < best[1]):
+                best = (best[0], left, best[2])
+        if level == group.top or level.parent == level:
+            return best
+        level = level.parent
+
+
+def read(root: Path | None = None) -> HostMemory:
+    """This process's host memory. ``root``: where /proc and /sys are (tests pass a tree); by
+    default /proc/meminfo is the host probe's (``$CAPTURE_HOST_ROOT``, else /) and the cgroup is
+    this process's own."""
+    meminfo = _read((root or host_root()) / "proc/meminfo") or ""
+    root = root or Path("/")
+    total, avail = parse_meminfo_bytes(meminfo, "MemTotal"), parse_meminfo_bytes(meminfo, "MemAvailable")
+    total_src = "MemTotal of /proc/meminfo (host memory)"
+    avail_src = "MemAvailable of /proc/meminfo"
+    for group in _groups(root):
+        limit, left, where = _limits(group)
+        shown = "/" + str(Path(where).relative_to(root)) if where else ""
+        if limit is not None and (total is None or limit < total):
+            total, total_src = limit, f"memory cgroup limit ({shown}), below MemTotal"
+        if left is not None and (avail is None or left < avail):
+            avail, avail_src = left, f"memory cgroup limit less its working set ({shown}), below MemAvailable"
+    return HostMemory(total, total_src, avail, avail_src)
+
+
+CPU_TOLERANCE = 0.25
+"""The memory estimate's documented tolerance on a CPU (docs/trial.md): the C library's heap and
+oneDNN's scratch are not modelled."""
+
+
+@dataclass(frozen=True)
+class Check:
+    refusal: str | None  # the run cannot fit: stop before it starts
+    warning: str | None  # it may not: within the estimate's tolerance of the limit
+
+
+def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None) -> Check:
+    """Whether a CPU process that holds ``held_bytes`` now can grow to ``need_bytes`` (``what``:
+    the figure, in words). Past what the host gives, the kernel kills the process: a refusal
+    names both figures and their sources; within :data:`CPU_TOLERANCE` of it, a warning."""
+    from capture.fmt import bytes_str
+
+    host = host or read()
+    if host.available_bytes is None:
+        return Check(None, None)
+    can = held_bytes + host.available_bytes
+    figures = (f"{what} is {bytes_str(need_bytes)}; this process can get {bytes_str(can)} "
+               f"({bytes_str(held_bytes)} it holds + {bytes_str(host.available_bytes)} available: "
+               f"{host.available_source})")
+    if need_bytes > can:
+        return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None)
+    if need_bytes * (1 + CPU_TOLERANCE) > can:
+        return Check(None, f"{figures}; within the CPU estimate's {CPU_TOLERANCE:.0%} tolerance: "
+                           "the kernel may kill the run")
+    return Check(None, None)
+
+
+# --------------------------------------------------------------------------- the trial's checks on a CPU
+
+
+def _held() -> int:
+    from capture.trial.devmem import rss_bytes
+
+    return rss_bytes() or 0
+
+
+def _said(verdict: Check, say: Callable[[str], None]) -> str | None:
+    from capture.termtable import keep_units, wrap
+
+    for text in filter(None, (verdict.refusal, verdict.warning)):
+        say("\n".join(wrap(keep_units(text), 91, "", "  ", cut_long=False)))  # 100 columns with "capture: "
+    return verdict.refusal
+
+
+def before_build(config: Any, say: Callable[[str], None]) -> tuple[Any, str | None]:
+    """Before the model is built: its weights, read from the model built on the meta device (which
+    the estimate then reuses), against what the host can give. (meta build, refusal or None)."""
+    from capture.trial import memory
+    from capture.trial.build.model import build_meta
+
+    meta = build_meta(config)
+    weights = sum(p.nbytes for p in memory.plan_for(config, "cpu", built=meta).params)
+    held = _held()
+    return meta, _said(check(held + weights, held, "this process with the model's weights"), say)
+
+
+def before_steps(estimate_bytes: int, say: Callable[[str], None]) -> str | None:
+    """Before the first step: the memory estimate against what the host can give (refusal or None)."""
+    return _said(check(estimate_bytes, _held(), "the memory estimate"), say)
+
+
+def search_limit(limit: int, source: str, host: HostMemory | None = None) -> tuple[int, str]:
+    """The max-batch search's limit on a CPU: no more than the process can get (what it holds +
+    what is available), since a candidate past that is killed, not caught."""
+    host, held = host or read(), _held()
+    if host.available_bytes is not None and held + host.available_bytes < limit:
+        return held + host.available_bytes, f"this process's RSS + available ({host.available_source}), below {source}"
+    return limit, source

@@ -1,0 +1,277 @@
+"""The host memory a CPU trial can get (capture/trial/hostmem.py), and the trial's checks on it.
+
+A CPU run past that memory is killed by the kernel without a manifest, so the trial reads
+MemTotal/MemAvailable and its memory cgroup's limit, and stops before a build or a step that
+cannot fit. Layouts: this development VM's own (cgroup v1 hybrid, captured in
+tests/fixtures/hostmem), a Docker container on cgroup v1 without a cgroup namespace
+(tests/fixtures/container), and cgroup v2 as the kernel documents it (Documentation/admin-guide/
+cgroup-v2.rst: ``0::PATH``, ``memory.max``, ``memory.current``, ``inactive_file``). Then the
+real thing: a trial inside a memory cgroup made for the test, and a container with
+``--memory`` on the real dockerd.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from capture.trial import hostmem
+
+FIX = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+GIB, MIB = 1 << 30, 1 << 20
+MEMINFO = "MemTotal:       24683784 kB\nMemFree:        20000000 kB\nMemAvailable:   24310612 kB\n"
+
+
+def _tree(tmp_path: Path, cgroup: str, mountinfo: str, files: dict[str, str], meminfo: str = MEMINFO) -> Path:
+    root = tmp_path / "root"
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/meminfo").write_text(meminfo)
+    (root / "proc/self/cgroup").write_text(cgroup)
+    (root / "proc/self/mountinfo").write_text(mountinfo)
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+V1_CGROUP = (FIX / "hostmem/v1-hybrid.cgroup").read_text()
+V1_MOUNTINFO = (FIX / "hostmem/v1-hybrid.mountinfo").read_text()
+V1_GROUP = "sys/fs/cgroup/memory/process_api/a572a8b8b7f0f835678c45329979829c"
+V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+
+
+def test_v1_hybrid_layout_of_this_vm_limit_and_working_set(tmp_path):
+    stat = "cache 300\ninactive_file 100\nhierarchical_memory_limit 9223372036854771712\ntotal_inactive_file 104857600\n"
+    root = _tree(tmp_path, V1_CGROUP, V1_MOUNTINFO, {
+        f"{V1_GROUP}/memory.limit_in_bytes": "1572864000\n",
+        f"{V1_GROUP}/memory.usage_in_bytes": f"{500 * MIB}\n",
+        f"{V1_GROUP}/memory.stat": stat})
+    host = hostmem.read(root)
+    assert host.total_bytes == 1572864000
+    assert host.total_source == f"memory cgroup limit (/{V1_GROUP}/memory.limit_in_bytes), below MemTotal"
+    assert host.available_bytes == 1572864000 - (500 - 100) * MIB  # usage less inactive file pages
+    assert host.available_source.startswith("memory cgroup limit less its working set (/sys/fs/cgroup/memory/")
+
+
+def test_v1_parent_limit_through_hierarchical_memory_limit(tmp_path):
+    root = _tree(tmp_path, V1_CGROUP, V1_MOUNTINFO, {
+        f"{V1_GROUP}/memory.limit_in_bytes": "9223372036854771712\n",  # the leaf: no limit
+        f"{V1_GROUP}/memory.usage_in_bytes": f"{100 * MIB}\n",
+        f"{V1_GROUP}/memory.stat": f"hierarchical_memory_limit {2 * GIB}\ntotal_inactive_file 0\n"})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (2 * GIB, 2 * GIB - 100 * MIB)
+
+
+def test_no_limit_anywhere_reads_meminfo(tmp_path):
+    root = _tree(tmp_path, V1_CGROUP, V1_MOUNTINFO, {
+        f"{V1_GROUP}/memory.limit_in_bytes": "9223372036854771712\n",
+        f"{V1_GROUP}/memory.usage_in_bytes": "280375296\n",
+        f"{V1_GROUP}/memory.stat": "hierarchical_memory_limit 9223372036854771712\ntotal_inactive_file 99074048\n",
+        "sys/fs/cgroup/unified/memory.max": "max\n"})
+    assert hostmem.read(root) == hostmem.HostMemory(
+        24683784 * 1024, "MemTotal of /proc/meminfo (host memory)", 24310612 * 1024, "MemAvailable of /proc/meminfo")
+
+
+def test_v1_container_without_a_cgroup_namespace_reads_its_mount(tmp_path):
+    """Docker on cgroup v1 (this machine's dockerd): /proc/self/cgroup says /docker/ID and the
+    memory hierarchy is mounted with that group as its root: the mount point is the group."""
+    cgroup = (FIX / "container/docker-20.10-cgroupv1-bookworm/proc/1/cgroup").read_text()
+    gid = cgroup.split("memory:")[1].split("\n")[0]
+    mountinfo = (FIX / "container/docker-20.10-cgroupv1-bookworm/proc/self/mountinfo").read_text()
+    mountinfo = mountinfo.replace("/docker/e2e0b7aff45393efd5d44ce997e65bd1db2f538bb9111db5a03ff0bfaa9746e1", gid)
+    root = _tree(tmp_path, cgroup, mountinfo, {
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{GIB}\n",
+        "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{GIB // 4}\n",
+        "sys/fs/cgroup/memory/memory.stat": f"hierarchical_memory_limit {GIB}\ntotal_inactive_file 0\n"})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (GIB, GIB - GIB // 4)
+    assert "/sys/fs/cgroup/memory/memory.limit_in_bytes" in host.total_source
+
+
+def test_v2_container_with_a_cgroup_namespace(tmp_path):
+    root = _tree(tmp_path, "0::/\n", V2_MOUNT, {
+        "sys/fs/cgroup/memory.max": f"{GIB}\n", "sys/fs/cgroup/memory.current": f"{300 * MIB}\n",
+        "sys/fs/cgroup/memory.stat": f"anon 1\nfile 2\ninactive_file {100 * MIB}\nactive_file 5\n"})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (GIB, GIB - 200 * MIB)
+    assert host.total_source == "memory cgroup limit (/sys/fs/cgroup/memory.max), below MemTotal"
+
+
+def test_v2_a_parents_memory_max_bounds_the_group(tmp_path):
+    """systemd on cgroup v2: the session's scope has no limit, its user slice does; the walk goes
+    up to the mount, and the tightest headroom anywhere on the way is what is left."""
+    scope = "sys/fs/cgroup/user.slice/user-0.slice/session-3.scope"
+    root = _tree(tmp_path, "0::/user.slice/user-0.slice/session-3.scope\n", V2_MOUNT, {
+        f"{scope}/memory.max": "max\n", f"{scope}/memory.current": f"{50 * MIB}\n",
+        "sys/fs/cgroup/user.slice/user-0.slice/memory.max": "max\n",
+        "sys/fs/cgroup/user.slice/memory.max": f"{3 * GIB}\n",
+        "sys/fs/cgroup/user.slice/memory.current": f"{2 * GIB}\n",
+        "sys/fs/cgroup/user.slice/memory.stat": "inactive_file 0\n"})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (3 * GIB, GIB)
+    assert "/sys/fs/cgroup/user.slice/memory.max" in host.total_source
+
+
+def test_v2_mount_point_escapes_and_a_group_the_mount_does_not_show(tmp_path):
+    """mountinfo writes a space as \\040; a path outside the mount's root (a container without a
+    namespace) falls back to the mount point itself."""
+    mountinfo = "30 23 0:26 /system.slice/docker-1.scope /sys/fs/my\\040cgroup rw - cgroup2 cgroup2 rw\n"
+    root = _tree(tmp_path, "0::/other.slice/x\n", mountinfo, {
+        "sys/fs/my cgroup/memory.max": f"{GIB}\n", "sys/fs/my cgroup/memory.current": "0\n"})
+    assert hostmem.read(root).total_bytes == GIB
+
+
+@pytest.mark.parametrize("value", ["max", "12abc", "-5", "1e9", "", "9" * 30, "0x10", "1 2", "\x00", "9223372036854771712"])
+def test_a_value_that_is_not_a_plain_number_is_no_limit(tmp_path, value):
+    root = _tree(tmp_path, "0::/\n", V2_MOUNT, {"sys/fs/cgroup/memory.max": value, "sys/fs/cgroup/memory.current": "1"})
+    assert hostmem.read(root).total_source == "MemTotal of /proc/meminfo (host memory)"
+
+
+@pytest.mark.parametrize("cgroup, mountinfo", [
+    ("0::/../../etc\n", V2_MOUNT),  # a path that climbs out of the mount is not followed
+    ("", V2_MOUNT), ("0::/\n", ""),
+    ("garbage\n\x00::\n4:memory\n", "not mountinfo at all\n- - -\n"),
+    ("0::relative\n", V2_MOUNT),
+])
+def test_hostile_or_missing_cgroup_files_leave_meminfo(tmp_path, cgroup, mountinfo):
+    root = _tree(tmp_path, cgroup, mountinfo, {"etc/memory.max": "1\n", "sys/fs/cgroup/x": ""})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (24683784 * 1024, 24310612 * 1024)
+
+
+def test_nothing_readable_is_no_figure_and_no_refusal(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    host = hostmem.read(root)
+    assert host.total_bytes is None and host.available_bytes is None
+    assert hostmem.check(10**15, 0, "x", host) == hostmem.Check(None, None)
+
+
+def test_check_refuses_past_what_the_process_can_get_and_warns_within_the_tolerance():
+    host = hostmem.HostMemory(8 * GIB, "t", 4 * GIB, "MemAvailable of /proc/meminfo")
+    held = GIB
+    fits = hostmem.check(3 * GIB, held, "the memory estimate", host)
+    assert fits == hostmem.Check(None, None)  # 3 GiB x 1.25 < 5 GiB
+    near = hostmem.check(int(4.5 * GIB), held, "the memory estimate", host)
+    assert near.refusal is None and "25% tolerance" in (near.warning or "")
+    over = hostmem.check(5 * GIB + 1, held, "the memory estimate", host)
+    assert over.warning is None and over.refusal is not None
+    assert over.refusal.startswith("the memory estimate is 5.00 GiB; this process can get 5.00 GiB (1.00 GiB it "
+                                   "holds + 4.00 GiB available: MemAvailable of /proc/meminfo)")
+    assert "killed by the kernel" in over.refusal
+
+
+def test_search_limit_is_what_the_process_can_get_when_that_is_less():
+    from capture.trial.devmem import rss_bytes
+
+    tight = hostmem.HostMemory(64 * GIB, "t", GIB, "memory cgroup limit less its working set (/x)")
+    limit, src = hostmem.search_limit(64 * GIB, "MemTotal of /proc/meminfo (host memory)", tight)
+    held = rss_bytes() or 0
+    assert held < limit - GIB + 64 * MIB and limit >= GIB  # its RSS (read a moment apart) + 1 GiB
+    assert src == ("this process's RSS + available (memory cgroup limit less its working set (/x)), "
+                   "below MemTotal of /proc/meminfo (host memory)")
+    roomy = hostmem.HostMemory(64 * GIB, "t", 63 * GIB, "a")
+    assert hostmem.search_limit(2 * GIB, "--memory-limit", roomy) == (2 * GIB, "--memory-limit")
+
+
+# --------------------------------------------------------------------------- real cgroups
+
+
+def _memory_cgroup(limit_bytes: int) -> tuple[Path, Path] | None:
+    """A new memory cgroup limited to ``limit_bytes`` (v1 or v2): (its procs file, its folder),
+    None where this process may not make one (not root, a read-only /sys/fs/cgroup)."""
+    name = f"capture-test-{uuid.uuid4().hex[:8]}"
+    for parent, limit_file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
+                               (Path("/sys/fs/cgroup"), "memory.max")):
+        if not (parent / limit_file).exists() and not (parent / "cgroup.subtree_control").exists():
+            continue
+        group = parent / name
+        try:
+            if limit_file == "memory.max" and "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+                continue
+            group.mkdir()
+            (group / limit_file).write_text(str(limit_bytes))
+            return group / "cgroup.procs", group
+        except OSError:
+            if group.is_dir():
+                group.rmdir()
+    return None
+
+
+@pytest.fixture
+def cgroup_1500m():
+    made = _memory_cgroup(1500 * MIB)
+    if made is None:
+        pytest.skip("no memory cgroup can be made here (needs root and a writable /sys/fs/cgroup)")
+    yield made[0]
+    for _ in range(50):  # the group can be removed once its last process is gone
+        try:
+            made[1].rmdir()
+            return
+        except OSError:
+            import time
+
+            time.sleep(0.1)
+
+
+def _in_cgroup(procs: Path, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    def enter() -> None:
+        procs.write_text(str(os.getpid()))
+
+    return subprocess.run(args, preexec_fn=enter, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_cpu_trial_past_its_cgroup_stops_before_the_step_or_the_build_with_a_manifest(tmp_path, cgroup_1500m):
+    """Before this check, the tiny example at micro-batch 4096 (estimate 25.6 GiB) in a 1.5 GB
+    cgroup was killed by the kernel at its first step: exit 137, no manifest, its scratch folder
+    left behind. Now both the step and an 8B model's build stop first, and the manifest says why."""
+    import tomllib
+
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), PYTHONUNBUFFERED="1")
+    env.pop("CAPTURE_KEY", None)
+    for example, extra, failed_at in (("tiny", ["--micro-batch", "4096"], "training step 1 of 23 (not started: estimated)"),
+                                      ("llama-3.1-8b-lora", [], "building the model")):
+        out = tmp_path / f"{example}.toml"
+        proc = _in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", example, *extra,
+                                         "--no-preflight", "--no-report", "-o", str(out)], tmp_path, env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and "killed by the kernel" in proc.stderr
+        lines = proc.stderr.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith(("capture: the memory estimate is",
+                                                                          "capture: this process with")))
+        last = next(i for i, line in enumerate(lines) if "killed by the kernel" in line)
+        assert first < last and all(len(line) <= 100 for line in lines[first:last + 1])  # wrapped, 100 columns
+        fit = tomllib.loads(out.read_text())["trial"]["fit"]
+        assert fit["fits"] is False and fit["failed_at"] == failed_at
+        assert "memory cgroup limit" in fit["oom"] and fit["limit_bytes"] == 1500 * MIB
+        assert "memory cgroup limit" in fit["limit_source"]
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".capture")) == []  # no scratch left
+
+
+@pytest.mark.docker
+def test_a_container_with_a_memory_limit_reads_it(tmp_path):
+    """The real dockerd's ``--memory``: inside the container the limit is the total, whatever
+    MemTotal (the host's) says."""
+    from capture.errors import DockerUnavailable
+    from capture.image import docker_client
+
+    try:
+        client = docker_client()
+        base = os.environ.get("CAPTURE_LOCAL_BASE", "capture-local/bookworm-python:base")
+        client.images.get(base)
+    except (DockerUnavailable, Exception) as exc:  # noqa: BLE001 - no daemon or no base: CI has both
+        pytest.skip(f"no Docker daemon or local base here ({exc}); CI starts both with .ci/docker.sh")
+    code = ("import sys; sys.path.insert(0, '/code'); from capture.trial import hostmem; h = hostmem.read(); "
+            "print(h.total_bytes, h.available_bytes); print(h.total_source)")
+    out = client.containers.run(base, ["python3", "-I", "-c", code], mem_limit="300m", network_mode="none",
+                                volumes={str(ROOT): {"bind": "/code", "mode": "ro"}}, remove=True)
+    total, avail, source = out.decode().split(maxsplit=2)
+    assert int(total) == 300 * MIB and 0 < int(avail) <= 300 * MIB
+    assert source.strip().startswith("memory cgroup limit (/sys/fs/cgroup/") and "below MemTotal" in source
