@@ -303,3 +303,17 @@ def test_smaller_shapes_on_a_sub_mesh_when_one_device_does_not_fit(tmp_path: Pat
     assert t["baseline"]["verdict"] == "does not fit on one device: planted"
     assert four["offload"].startswith("parameters, gradients and optimizer state on the CPU")
     assert four["optimizer_device"] == "cpu" and two["offload"] == four["offload"]
+
+
+def test_a_rank_killed_by_the_kernel_is_named_with_the_way_out(tmp_path: Path):
+    """Real torchrun, a rank that gets SIGKILL (as the OOM killer sends it to a CPU rank past the
+    host's memory): no traceback, no error file, so the launcher's own words are read for it."""
+    die = tmp_path / "die.py"
+    die.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           "--max-restarts", "0", str(die)]
+    with pytest.raises(scaling.LaunchFailed, match=r"^scaling: rank process \d+ was killed \(SIGKILL\): on a CPU, "
+                                                   r"most likely by the kernel's OOM killer") as info:
+        scaling.run_launch(cmd, os.environ, tmp_path / "l.log", tmp_path / "r.json", 120)
+    assert info.value.hint.startswith("--rank-memory-limit BYTES caps each rank") and str(tmp_path / "l.log") in info.value.hint
+    assert "\n" not in info.value.message

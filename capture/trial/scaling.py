@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,6 +245,18 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(keep[-lines:])
 
 
+def _killed_rank(log_path: Path) -> str | None:
+    """The PID of a rank torchrun says got SIGKILL ("Signal 9 (SIGKILL) received by PID N"), if any."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))  # the end of a long log is enough
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r"Signal 9 \(SIGKILL\) received by PID (\d{1,10})", text)
+    return m.group(1) if m else None
+
+
 def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path: Path, timeout_s: float) -> dict[str, Any]:
     """Run one launch, its output to ``log_path``; return rank 0's result (``out_path``)."""
     log.debug("launch: %s", " ".join(cmd))
@@ -284,6 +297,13 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         if errors:
             reason = errors[0].read_text(errors="replace").strip().splitlines()[0]
         tail = _tail(log_path)
+        killed = _killed_rank(log_path)
+        if killed and not reason:  # no traceback to show: a signal from outside, on a CPU the OOM killer
+            raise LaunchFailed(
+                f"scaling: rank process {killed} was killed (SIGKILL): on a CPU, most likely by the kernel's OOM "
+                "killer (the ranks together needed more than the host's or the memory cgroup's memory)",
+                f"--rank-memory-limit BYTES caps each rank, so that an allocation past it is a result (does not "
+                f"fit) instead; fewer --nproc or a smaller micro-batch; the launcher's output is in {log_path}")
         raise LaunchFailed(
             f"scaling: the distributed launch failed (exit {rc}){': ' + reason if reason else ''}",
             f"the launcher's output is in {log_path}" + (f"; its last lines:\n{tail}" if tail and not reason else ""))
