@@ -171,6 +171,26 @@ def test_a_failing_worker_is_a_recorded_result_not_a_crash(tmp_path):
     assert worker.proc.returncode == 1
 
 
+def test_a_worker_killed_from_outside_is_named_by_its_signal(tmp_path):
+    """SIGKILL, as the kernel's OOM killer sends it: the reason is the signal, not the last line the
+    worker happened to print (an import warning, say)."""
+    import signal
+
+    setup = {"config": recover.config_to_dict(parse(CONFIG, "c.toml", tmp_path, "c")), "device": "cpu", "seed": 1,
+             "settings": dataclasses.asdict(recover.GlobalSettings.current())}
+    for signum, reason in ((signal.SIGKILL, "the restore process was killed by SIGKILL: most likely the kernel's "
+                                            "OOM killer (the host's or the memory cgroup's memory ran out)"),
+                           (signal.SIGTERM, "the restore process was killed by SIGTERM")):
+        worker = recover.Worker("restore", setup, tmp_path)
+        try:
+            worker.proc.send_signal(signum)
+            with pytest.raises(recover.WorkerFailed) as info:
+                worker.result(timeout_s=60)
+            assert info.value.reason == reason
+        finally:
+            worker.stop()
+
+
 # --------------------------------------------------------------------------- the pieces, in process
 
 

@@ -312,8 +312,9 @@ def test_a_rank_killed_by_the_kernel_is_named_with_the_way_out(tmp_path: Path):
     die.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "--max-restarts", "0", str(die)]
-    with pytest.raises(scaling.LaunchFailed, match=r"^scaling: rank process \d+ was killed \(SIGKILL\): on a CPU, "
-                                                   r"most likely by the kernel's OOM killer") as info:
+    with pytest.raises(scaling.LaunchFailed, match=r"^scaling: rank process \d+ was killed by SIGKILL: most likely "
+                                                   r"the kernel's OOM killer \(the host's or the memory cgroup's "
+                                                   r"memory ran out\)$") as info:
         scaling.run_launch(cmd, os.environ, tmp_path / "l.log", tmp_path / "r.json", 120)
     assert info.value.hint.startswith("--rank-memory-limit BYTES caps each rank") and str(tmp_path / "l.log") in info.value.hint
     assert "\n" not in info.value.message

@@ -299,9 +299,9 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         tail = _tail(log_path)
         killed = _killed_rank(log_path)
         if killed and not reason:  # no traceback to show: a signal from outside, on a CPU the OOM killer
-            raise LaunchFailed(
-                f"scaling: rank process {killed} was killed (SIGKILL): on a CPU, most likely by the kernel's OOM "
-                "killer (the ranks together needed more than the host's or the memory cgroup's memory)",
+            from capture.trial.worker_proc import killed_reason
+
+            raise LaunchFailed(f"scaling: {killed_reason(f'rank process {killed}', signal.SIGKILL)}",
                 f"--rank-memory-limit BYTES caps each rank, so that an allocation past it is a result (does not "
                 f"fit) instead; fewer --nproc or a smaller micro-batch; the launcher's output is in {log_path}")
         raise LaunchFailed(

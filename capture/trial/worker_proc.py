@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -79,6 +80,8 @@ class Worker:
         result: dict[str, Any] = {}
         if self.out.exists():
             result = json.loads(self.out.read_text())
+        if code < 0 and "error" not in result:  # a signal from outside: its last line is not the reason
+            raise WorkerFailed(killed_reason(f"the {self.name} process", -code))
         if code != 0 or "error" in result:
             lines = [ln for ln in self.err.read_text(errors="replace").splitlines() if ln.strip()]
             raise WorkerFailed(result.get("error") or (lines[-1] if lines else f"exit status {code}"))
@@ -113,6 +116,18 @@ class Worker:
     def go_wait_s(self, result: Mapping[str, Any]) -> float | None:
         """Seconds the go-ahead waited for the worker's imports (0 when they were done first)."""
         return _waited(result.get("imports_done_at"), self.go_sent_at)
+
+
+def killed_reason(what: str, signum: int) -> str:
+    """One line for a process (``what``) ended by signal ``signum``; SIGKILL names the OOM killer,
+    which sends it to a process past the host's or the memory cgroup's memory."""
+    try:
+        sig = signal.Signals(signum).name
+    except ValueError:
+        sig = f"signal {signum}"
+    why = (": most likely the kernel's OOM killer (the host's or the memory cgroup's memory ran out)"
+           if signum == signal.SIGKILL else "")
+    return f"{what} was killed by {sig}{why}"
 
 
 def _waited(done_at: Any, sent_at: float | None) -> float | None:
