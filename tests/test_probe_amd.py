@@ -206,6 +206,8 @@ def test_fallback_reads_the_real_vram_object(env: pytest.MonkeyPatch, tmp_path: 
     ("[{\"gpu\": 0, ", 0, "invalid JSON"),
     ("\"text\"", 0, "printed no JSON"),
     ("{\"error\": 1}", 0, "lists no devices"),
+    ("[{\"gpu\": " + "9" * 5000 + "}]", 0, "amd-smi static --json printed invalid JSON (an integer of more than 4,300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, 0, "amd-smi static --json printed invalid JSON (arrays or objects nested too deeply to read)"),
     ("AMD-SMI: could not initialise", 1, "amd-smi exited 1"),
 ])
 def test_fallback_failures_are_one_line_skips(env: pytest.MonkeyPatch, tmp_path: Path, static: str, rc: int, expect: str) -> None:

@@ -71,10 +71,13 @@ def test_image_identity_from_runner_env(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("env", "error"), [
-    ({"CAPTURE_IMAGE_LABELS": "{not json"}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
+    ({"CAPTURE_IMAGE_LABELS": "{not json"}, "CAPTURE_IMAGE_LABELS is not valid JSON (Expecting property name "
+                                            "enclosed in double quotes at line 1, column 2)"),
     ({"CAPTURE_IMAGE_LABELS": "[1, 2]"}, "CAPTURE_IMAGE_LABELS must be a JSON object, found list"),
-    ({"CAPTURE_IMAGE_LABELS": '{"a": ' + "1" * 5000 + "}"}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
-    ({"CAPTURE_IMAGE_LABELS": "[" * 100_000 + "]" * 100_000}, "CAPTURE_IMAGE_LABELS is not valid JSON"),
+    ({"CAPTURE_IMAGE_LABELS": '{"a": ' + "1" * 5000 + "}"},
+     "CAPTURE_IMAGE_LABELS is not valid JSON (an integer of more than 4,300 digits)"),
+    ({"CAPTURE_IMAGE_LABELS": "[" * 100_000 + "]" * 100_000},
+     "CAPTURE_IMAGE_LABELS is not valid JSON (arrays or objects nested too deeply to read)"),
     ({"CAPTURE_IMAGE_ID": "6684ba907ed3"}, "CAPTURE_IMAGE_ID is not sha256:<64 hex>"),
 ])
 def test_bad_runner_values_become_error_notes(tmp_path: Path, env: dict[str, str], error: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import re
@@ -26,6 +25,7 @@ import threading
 from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
+from capture import _json
 from capture.probes import ProbeOptions, Skipped
 from capture.probes.nvidia import DeviceIds, cuda_device_list
 
@@ -271,9 +271,9 @@ def parse_static_json(text: str) -> AmdInfo:
     if start < 0:
         raise ValueError("amd-smi static --json printed no JSON")
     try:
-        data = json.loads(text[start:])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"amd-smi static --json printed invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = _json.loads(text[start:])
+    except _json.JsonError as exc:
+        raise ValueError(f"amd-smi static --json printed invalid JSON ({exc.reason})") from None
     if isinstance(data, dict):
         data = data.get("gpu_data", [data] if "gpu" in data else [])
     if not isinstance(data, list):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from capture import _json
 from capture.probes import ProbeOptions
 from capture.redact import redact_text, redact_url
 
@@ -128,10 +129,9 @@ def image_identity(env: Mapping[str, str]) -> tuple[str | None, str | None, dict
     raw = env.get(ENV_IMAGE_LABELS)
     if raw:
         try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # also an integer over 4300 digits, or nesting too deep
-            why = f"{exc.msg} at char {exc.pos}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-            errors.append(f"{ENV_IMAGE_LABELS} is not valid JSON ({why}); labels not recorded")
+            data = _json.loads(raw)
+        except _json.JsonError as exc:  # also an integer over 4300 digits, or nesting too deep
+            errors.append(f"{ENV_IMAGE_LABELS} is not valid JSON ({exc.reason}); labels not recorded")
         else:
             if not isinstance(data, dict):
                 errors.append(f"{ENV_IMAGE_LABELS} must be a JSON object, found {type(data).__name__}; labels not recorded")

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from capture import _json
 from capture.errors import ManifestError
 from capture.costs import DEFAULT_TARGET_TOKENS, money_str
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
@@ -26,11 +27,14 @@ def load_rows(root: Path) -> list[dict[str, Any]]:
     """Rows of ``root/index.json``; an absent index is an empty one."""
     path = root / INDEX_JSON
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _json.loads(path.read_bytes())
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of 5,000 digits
-        raise ManifestError(f"{path}: cannot read the index ({str(exc).splitlines()[0][:200]})",
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the index ({exc.strerror})",
+                            "restore it from git (`git checkout -- index.json`) and pin again") from None
+    except _json.JsonError as exc:  # bad JSON, an integer of 5,000 digits, nesting too deep
+        raise ManifestError(f"{path}: cannot read the index ({exc.reason})",
                             "restore it from git (`git checkout -- index.json`) and pin again") from None
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):

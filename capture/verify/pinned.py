@@ -15,11 +15,11 @@ Only manifests whose signature is valid and trusted are checked here: the others
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from capture import _json
 from capture._safe_read import MIB, read_regular
 from capture.errors import EXIT_MALFORMED, EXIT_SIGNATURE, ManifestError
 from capture.results.index import INDEX_JSON
@@ -39,9 +39,9 @@ def load_index_paths(root: Path) -> set[str] | None:
     except (IsADirectoryError, PermissionError) as exc:
         raise ManifestError(f"{path}: cannot read the index ({exc.strerror})", "restore it from git") from None
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ManifestError(f"{path}: not JSON ({str(exc).splitlines()[0][:120]})",
+        doc = _json.loads(raw)
+    except _json.JsonError as exc:
+        raise ManifestError(f"{path}: not JSON ({exc.reason})",
                             "restore it from git (`git checkout -- index.json`)") from None
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):

@@ -17,7 +17,6 @@ real tokens without waiting for the device.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from array import array
@@ -28,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
+from capture import _json
 from capture.errors import ConfigError
 from capture.trial.config import TrialConfig
 
@@ -244,15 +244,11 @@ def _rows(f: Path, text: str, suffix: str) -> list[Any]:
         if suffix == ".jsonl" and not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {at + exc.lineno - 1})",
+            value = _json.loads(line)
+        except _json.JsonError as exc:  # bad syntax, an integer over 4,300 digits, nesting too deep
+            where = at + exc.lineno - 1 if exc.lineno else at
+            raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {where}: {exc.reason})",
                               "fix or remove the file") from None
-        except ValueError:  # json's own limit: an integer of more than 4,300 digits
-            raise ConfigError(f"trial.data: {f.name} holds a number too long to read (line {at})",
-                              "fix or remove the file") from None
-        except RecursionError:
-            raise ConfigError(f"trial.data: {f.name} is nested too deeply (line {at})", "fix or remove the file") from None
         if suffix == ".jsonl":
             rows.append(value)
         else:
