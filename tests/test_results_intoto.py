@@ -66,6 +66,18 @@ def test_tampered_envelope_fails_in_securesystemslib(exported, keys):
         intoto.verify_envelope(doc, intoto.load_public_key(keys["alice"].key))
 
 
+@pytest.mark.parametrize("doc, reason", [
+    ('{"payload": ' + "9" * 5000 + "}", "not a DSSE envelope (not JSON: an integer of more than 4,300 digits)"),
+    ("[" * 100_000 + "]" * 100_000, "not a DSSE envelope (not JSON: arrays or objects nested too deeply to read)"),
+    (b"{\"payload\": \"\xff\"}", "not a DSSE envelope (not JSON: not UTF-8 text)"),
+    ('{"payload": "x"', "not a DSSE envelope (not JSON: Expecting ',' delimiter at line 1, column 16)"),
+])
+def test_a_hostile_envelope_is_one_line(keys, doc, reason):
+    with pytest.raises(SignatureError) as info:
+        intoto.verify_envelope(doc, intoto.load_public_key(keys["alice"].key))
+    assert info.value.message == reason
+
+
 def test_documented_example_runs(exported):
     """The verification example in capture/results/intoto.py's docstring, run as written."""
     import os

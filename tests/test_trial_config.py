@@ -195,6 +195,21 @@ def test_hostile_config_files_are_refused_with_one_line(tmp_path):
             load_config(path)
 
 
+@pytest.mark.parametrize("text, reason", [
+    ('{"vocab_size": ' + "9" * 5000 + "}", "an integer of more than 4,300 digits"),
+    ("[" * 100_000 + "]" * 100_000, "arrays or objects nested too deeply to read"),
+    ('{"model_type": "llama",', "Expecting property name enclosed in double quotes at line 1, column 24"),
+])
+def test_a_hostile_model_config_file_is_one_config_error(tmp_path, text, reason):
+    (tmp_path / "config.json").write_text(text)
+    (tmp_path / "c.toml").write_text('[trial]\nname = "c"\n[trial.model]\nsource = "from_config"\nconfig_file = "config.json"\n')
+    with pytest.raises(ConfigError) as info:
+        from capture.trial.build.model_config import resolve
+
+        resolve(load_config(tmp_path / "c.toml"))
+    assert info.value.message == f"trial.model.config_file: config.json: {reason}"
+
+
 @pytest.mark.parametrize("text, match", [
     ('{"text": "a"}\n{"text": ', r"is not valid JSON \(line 2: Expecting value at line 1, column 10\)$"),
     ('{"text": "a", "n": ' + "9" * 5000 + "}\n",  # int()'s 4,300-digit limit

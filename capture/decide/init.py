@@ -123,9 +123,9 @@ def check_install_spec(spec: str) -> str:
 def install_spec() -> tuple[str, str | None]:
     """How this capture was installed, as CI can repeat it, and a note when it cannot be repeated
     exactly (an editable or local install: CI then installs the same version from the index)."""
-    import json
     from importlib import metadata
 
+    from capture import _json
     from capture.redact import redact_url
 
     version_spec = f"{DIST_NAME}=={__version__}"
@@ -137,8 +137,8 @@ def install_spec() -> tuple[str, str | None]:
     if not raw:
         return f"{DIST_NAME}=={dist.version}", None
     try:
-        origin = json.loads(raw)
-    except ValueError:
+        origin = _json.loads(raw)
+    except _json.JsonError:
         origin = {}
     vcs = origin.get("vcs_info") if isinstance(origin, dict) else None
     url = origin.get("url") if isinstance(origin, dict) else None

@@ -462,13 +462,13 @@ def parse_amd_smi_static_health(text: str) -> list[DeviceHealth]:
     """``amd-smi static --json``: limits, the PCIe link's maximum, slowdown temperature, RAS ECC
     state and partition. It has no live readings (clocks, current link, temperature, error counts),
     so those checks are skipped on this fallback."""
-    import json
+    from capture import _json
 
     start = min((i for i in (text.find("["), text.find("{")) if i >= 0), default=-1)
     try:
-        data = json.loads(text[start:]) if start >= 0 else None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"amd-smi static --json printed invalid JSON ({exc.msg})") from None
+        data = _json.loads(text[start:]) if start >= 0 else None
+    except _json.JsonError as exc:
+        raise ValueError(f"amd-smi static --json printed invalid JSON ({exc.reason})") from None
     if isinstance(data, dict):
         data = data.get("gpu_data", [data] if "gpu" in data else [])
     if not isinstance(data, list):

@@ -41,6 +41,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from capture import _json
 from capture._safe_read import KEY_MAX_BYTES, read_regular
 from capture.errors import KeyError_, SignatureError
 from capture.signing import AllowedSigners
@@ -149,10 +150,12 @@ def public_key_pem(key_path: str | os.PathLike[str]) -> bytes:
 def verify_envelope(doc: bytes | str | dict[str, Any], key: Ed25519PublicKey) -> dict[str, Any]:
     """Check a DSSE envelope made by :func:`export_intoto`; returns the Statement."""
     try:
-        env = json.loads(doc) if isinstance(doc, (bytes, str)) else doc
+        env = _json.loads(doc) if isinstance(doc, (bytes, str)) else doc
         payload = base64.b64decode(env["payload"], validate=True)
         sigs = [base64.b64decode(s["sig"], validate=True) for s in env["signatures"]]
         payload_type = env["payloadType"]
+    except _json.JsonError as exc:
+        raise SignatureError(f"not a DSSE envelope (not JSON: {exc.reason})", "export it again with `capture export`") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"not a DSSE envelope ({type(exc).__name__}: {exc})", "export it again with `capture export`") from None
     for sig in sigs:

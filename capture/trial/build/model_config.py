@@ -7,11 +7,11 @@ Configs are input: whatever transformers refuses in one is a one-line error (exi
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture import _json
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 from capture.redact import redact_text
@@ -115,7 +115,7 @@ def resolve(config: TrialConfig) -> Resolved:
             raise ConfigError(f"trial.model.config_file: {file} does not exist", "name a model's config.json (or its folder)")
         try:
             raw = read_regular(file, CONFIG_MAX_BYTES, ConfigError, "model config file")
-            data = json.loads(raw.decode("utf-8"))
+            data = _json.loads(raw)
             hf = _config_from_dict(data, file)
         except ConfigError:
             raise
