@@ -162,6 +162,29 @@ def test_a_run_whose_loss_went_nan_is_listed_never_ranked(tiny_body, tmp_path):
         assert c.to_json()["loss_nonfinite_step"] == 2
 
 
+def test_a_run_that_did_not_fit_shows_its_verdict_once_and_no_headroom(tiny_body, tmp_path):
+    """What it held when it stopped is not a step's peak: no free-memory figure, and the verdict,
+    which already says "does not fit", is not said twice."""
+    (tmp_path / "keys").mkdir()
+    alice = Signer(tmp_path / "keys", "alice@lab")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "allowed_signers").write_text(alice.allowed_line)
+    oom = copy.deepcopy(tiny_body)
+    oom["trial"]["fit"].update(fits=False, failed_at="training step 1 of 4",
+                               verdict="does not fit: out of memory at training step 1 of 4")
+    old = copy.deepcopy(oom)
+    old["trial"]["fit"]["verdict"] = "out of memory"  # a verdict without the words: they are added
+    for name, body in (("oom", oom), ("old", old)):
+        alice.write(tmp_path / "runs" / f"{name}.toml", body)
+    (group,) = _decide(tmp_path / "runs")[0]
+    by = {Path(c.run.path).stem: c for c in group.configs}
+    assert "does not fit: out of memory at training step 1 of 4" in by["oom"].notes
+    assert "does not fit: out of memory" in by["old"].notes
+    for c in by.values():
+        assert c.headroom_fraction is None and c.peak_memory_bytes is None
+        assert not any(n.startswith("does not fit: does not fit") for n in c.notes)
+
+
 def test_a_run_that_could_not_be_resumed_is_ranked_with_the_reason_beside_it(tiny_body, tmp_path):
     """Its speed and cost stand, so it is ranked; but a failed or diverged recovery is said under
     the table, where a 100-column terminal still shows it (the recovery column is left out there)."""

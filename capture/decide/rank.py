@@ -201,13 +201,16 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
 
     stats = table_at(d, "trial.stats")
     tps = _num(stats.get("tokens_per_s"))
-    peak = _num(dig(d, "trial.fit.measured_bytes")) or _num(dig(d, "trial.memory.measured.device_used_bytes")) \
-        or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))
+    fits = dig(d, "trial.fit.fits") is not False
+    # A run that did not fit has no peak to show nor headroom: what it held when it stopped is not a step's peak.
+    peak = None if not fits else _num(dig(d, "trial.fit.measured_bytes")) \
+        or _num(dig(d, "trial.memory.measured.device_used_bytes")) or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))
     notes: list[str] = []
     if isinstance(count_dev, int) and count_dev > 1:
         notes.append(f"single-device run on a machine with {count_dev} devices")
-    if dig(d, "trial.fit.fits") is False:
-        notes.append("does not fit: " + str(dig(d, "trial.fit.verdict") or "out of memory"))
+    if not fits:
+        verdict = str(dig(d, "trial.fit.verdict") or "out of memory")
+        notes.append(verdict if verdict.startswith("does not fit") else "does not fit: " + verdict)
     recovery = dig(d, "trial.recovery.verdict") or (f"skipped: {dig(d, 'trial.recovery.skipped')}"
                                                    if dig(d, "trial.recovery.skipped") else None)
     kind = dig(d, "trial.recovery.verdict_kind")
