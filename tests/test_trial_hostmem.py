@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def test_v1_parent_limit_through_hierarchical_memory_limit(tmp_path):
         f"{V1_GROUP}/memory.stat": f"hierarchical_memory_limit {2 * GIB}\ntotal_inactive_file 0\n"})
     host = hostmem.read(root)
     assert (host.total_bytes, host.available_bytes) == (2 * GIB, 2 * GIB - 100 * MIB)
+    assert host.total_source == f"memory cgroup limit (/{V1_GROUP}/memory.stat), below MemTotal"  # where it was read
 
 
 def test_no_limit_anywhere_reads_meminfo(tmp_path):
@@ -116,6 +118,20 @@ def test_v2_a_parents_memory_max_bounds_the_group(tmp_path):
     host = hostmem.read(root)
     assert (host.total_bytes, host.available_bytes) == (3 * GIB, GIB)
     assert "/sys/fs/cgroup/user.slice/memory.max" in host.total_source
+
+
+def test_v2_the_limit_and_the_headroom_can_come_from_different_groups(tmp_path):
+    """A nearly full child under a roomier but smaller-limited parent: the total is the parent's
+    limit, what is left is the child's; each source names its own file."""
+    root = _tree(tmp_path, "0::/a.slice/b.scope\n", V2_MOUNT, {
+        "sys/fs/cgroup/a.slice/b.scope/memory.max": f"{4 * GIB}\n",
+        "sys/fs/cgroup/a.slice/b.scope/memory.current": f"{4 * GIB - 100 * MIB}\n",
+        "sys/fs/cgroup/a.slice/memory.max": f"{3 * GIB}\n", "sys/fs/cgroup/a.slice/memory.current": f"{GIB}\n"})
+    host = hostmem.read(root)
+    assert (host.total_bytes, host.available_bytes) == (3 * GIB, 100 * MIB)
+    assert host.total_source == "memory cgroup limit (/sys/fs/cgroup/a.slice/memory.max), below MemTotal"
+    assert host.available_source == ("memory cgroup limit less its working set "
+                                     "(/sys/fs/cgroup/a.slice/b.scope/memory.max), below MemAvailable")
 
 
 def test_v2_mount_point_escapes_and_a_group_the_mount_does_not_show(tmp_path):
@@ -215,8 +231,6 @@ def cgroup_1500m():
             made[1].rmdir()
             return
         except OSError:
-            import time
-
             time.sleep(0.1)
 
 

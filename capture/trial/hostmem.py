@@ -79,8 +79,9 @@ def _unescape(field: str) -> str:
 
 
 def _groups(root: Path) -> list[_Group]:
-    """This process's memory cgroup(s): v2 where its mount has the memory controller's files, v1
-    where the memory controller is mounted. Empty where neither can be read."""
+    """This process's memory cgroup(s): its v2 group and its v1 memory-controller group, each
+    under the mount of its hierarchy (a v2 group without memory files, as in a hybrid layout,
+    gives no limit). Empty where neither can be read."""
     cgroup, mountinfo = _read(root / "proc/self/cgroup"), _read(root / "proc/self/mountinfo")
     if not cgroup or not mountinfo:
         return []
@@ -116,32 +117,42 @@ def _groups(root: Path) -> list[_Group]:
     return out
 
 
-def _limits(group: _Group) -> tuple[int | None, int | None, str]:
-    """(limit, limit less working set, file that set it) of one group; None where unlimited."""
+@dataclass(frozen=True)
+class _Bound:
+    bytes: int
+    file: Path  # the file that says so
+
+
+def _tighter(a: _Bound | None, b: _Bound | None) -> _Bound | None:
+    return b if a is None or (b is not None and b.bytes < a.bytes) else a
+
+
+def _limits(group: _Group) -> tuple[_Bound | None, _Bound | None]:
+    """(limit, limit less working set) of one group, each with the file it comes from; None where unlimited."""
     if group.version == 1:
-        stat = _read(group.path / "memory.stat")
-        limits = [v for v in (_int(_read(group.path / "memory.limit_in_bytes")),
-                              _stat(stat, "hierarchical_memory_limit")) if v is not None]
-        if not limits:
-            return None, None, ""
+        stat_file = group.path / "memory.stat"
+        stat = _read(stat_file)
+        limit = None
+        for value, file in ((_int(_read(group.path / "memory.limit_in_bytes")), group.path / "memory.limit_in_bytes"),
+                            (_stat(stat, "hierarchical_memory_limit"), stat_file)):  # a parent's, seen from here
+            limit = _tighter(limit, _Bound(value, file) if value is not None else None)
         usage = _int(_read(group.path / "memory.usage_in_bytes"))
+        if limit is None or usage is None:
+            return limit, None
         inactive = _stat(stat, "total_inactive_file") or 0
-        left = None if usage is None else max(0, min(limits) - max(0, usage - inactive))
-        return min(limits), left, str(group.path / "memory.limit_in_bytes")
-    best: tuple[int | None, int | None, str] = (None, None, "")
+        return limit, _Bound(max(0, limit.bytes - max(0, usage - inactive)), limit.file)
+    limit = left = None
     level = group.path
     while True:  # v2: every group above counts (a parent's memory.max bounds its children)
-        limit = _int(_read(level / "memory.max"))
-        if limit is not None:
+        value = _int(_read(level / "memory.max"))
+        if value is not None:
+            limit = _tighter(limit, _Bound(value, level / "memory.max"))
             current = _int(_read(level / "memory.current"))
-            inactive = _stat(_read(level / "memory.stat"), "inactive_file") or 0
-            left = None if current is None else max(0, limit - max(0, current - inactive))
-            if best[0] is None or limit < best[0]:
-                best = (limit, best[1], str(level / "memory.max"))
-            if left is not None and (best[1] is None or left < best[1]):
-                best = (best[0], left, best[2])
+            if current is not None:
+                inactive = _stat(_read(level / "memory.stat"), "inactive_file") or 0
+                left = _tighter(left, _Bound(max(0, value - max(0, current - inactive)), level / "memory.max"))
         if level == group.top or level.parent == level:
-            return best
+            return limit, left
         level = level.parent
 
 
@@ -155,12 +166,12 @@ def read(root: Path | None = None) -> HostMemory:
     total_src = "MemTotal of /proc/meminfo (host memory)"
     avail_src = "MemAvailable of /proc/meminfo"
     for group in _groups(root):
-        limit, left, where = _limits(group)
-        shown = "/" + str(Path(where).relative_to(root)) if where else ""
-        if limit is not None and (total is None or limit < total):
-            total, total_src = limit, f"memory cgroup limit ({shown}), below MemTotal"
-        if left is not None and (avail is None or left < avail):
-            avail, avail_src = left, f"memory cgroup limit less its working set ({shown}), below MemAvailable"
+        limit, left = _limits(group)
+        if limit is not None and (total is None or limit.bytes < total):
+            total, total_src = limit.bytes, f"memory cgroup limit (/{limit.file.relative_to(root)}), below MemTotal"
+        if left is not None and (avail is None or left.bytes < avail):
+            avail, avail_src = left.bytes, (f"memory cgroup limit less its working set (/{left.file.relative_to(root)}), "
+                                            "below MemAvailable")
     return HostMemory(total, total_src, avail, avail_src)
 
 
