@@ -203,8 +203,8 @@ def configs_of(run: Run, catalog: Catalog, prices: Mapping[str, float], target_t
     tps = _num(stats.get("tokens_per_s"))
     fits = dig(d, "trial.fit.fits") is not False
     # A run that did not fit has no peak to show nor headroom: what it held when it stopped is not a step's peak.
-    peak = None if not fits else _num(dig(d, "trial.fit.measured_bytes")) \
-        or _num(dig(d, "trial.memory.measured.device_used_bytes")) or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))
+    peak = (_num(dig(d, "trial.fit.measured_bytes")) or _num(dig(d, "trial.memory.measured.device_used_bytes"))
+            or _num(dig(d, "trial.memory.measured.peak_reserved_bytes"))) if fits else None
     notes: list[str] = []
     if isinstance(count_dev, int) and count_dev > 1:
         notes.append(f"single-device run on a machine with {count_dev} devices")

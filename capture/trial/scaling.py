@@ -236,23 +236,23 @@ class RankOutOfMemory(LaunchFailed):
         self.item, self.rank, self.reason, self.elapsed_s = item, rank, reason, elapsed_s
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _log_end(path: Path) -> str:
+    """The last MiB of a launcher's log (its failure summary is at the end), "" where unreadable."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
+            return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _tail(text: str, lines: int = 15) -> str:
     keep = [ln for ln in text.splitlines() if ln.strip() and "USDT:" not in ln]  # profiler start/stop chatter
     return "\n".join(keep[-lines:])
 
 
-def _killed_rank(log_path: Path) -> str | None:
+def _killed_rank(text: str) -> str | None:
     """The PID of a rank torchrun says got SIGKILL ("Signal 9 (SIGKILL) received by PID N"), if any."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))  # the end of a long log is enough
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
     m = re.search(r"Signal 9 \(SIGKILL\) received by PID (\d{1,10})", text)
     return m.group(1) if m else None
 
@@ -296,8 +296,8 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         reason = ""
         if errors:
             reason = errors[0].read_text(errors="replace").strip().splitlines()[0]
-        tail = _tail(log_path)
-        killed = _killed_rank(log_path)
+        log_text = _log_end(log_path)
+        tail, killed = _tail(log_text), _killed_rank(log_text)
         if killed and not reason:  # no traceback to show: a signal from outside, on a CPU the OOM killer
             from capture.trial.worker_proc import killed_reason
 

@@ -236,23 +236,20 @@ def corpus_text() -> str:
     return (resources.files("capture.trial") / "data" / "corpus.txt").read_text(encoding="utf-8")
 
 
+def _record(f: Path, text: str, at: int) -> Any:
+    """``text``, starting at line ``at`` of ``f``, as JSON; an error names the file's line."""
+    try:
+        return _json.loads(text)
+    except _json.JsonError as exc:  # bad syntax, an integer over 4,300 digits, nesting too deep
+        where = at + exc.lineno - 1 if exc.lineno else at
+        raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {where}: {exc.reason})",
+                          "fix or remove the file") from None
+
+
 def _rows(f: Path, text: str, suffix: str) -> list[Any]:
-    """The records of one .jsonl (a line each) or .json (one array) file; an error names the file's line."""
-    lines = enumerate(text.splitlines(), 1) if suffix == ".jsonl" else [(1, text)]
-    rows: Any = []
-    for at, line in lines:
-        if suffix == ".jsonl" and not line.strip():
-            continue
-        try:
-            value = _json.loads(line)
-        except _json.JsonError as exc:  # bad syntax, an integer over 4,300 digits, nesting too deep
-            where = at + exc.lineno - 1 if exc.lineno else at
-            raise ConfigError(f"trial.data: {f.name} is not valid JSON (line {where}: {exc.reason})",
-                              "fix or remove the file") from None
-        if suffix == ".jsonl":
-            rows.append(value)
-        else:
-            rows = value
+    """The records of one .jsonl (a line each) or .json (one array) file."""
+    rows = ([_record(f, line, at) for at, line in enumerate(text.splitlines(), 1) if line.strip()]
+            if suffix == ".jsonl" else _record(f, text, 1))
     if not isinstance(rows, list):
         raise ConfigError(f"trial.data: {f.name} must hold a JSON array of objects", "or use .jsonl, one object a line")
     return rows
