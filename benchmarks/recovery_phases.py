@@ -17,7 +17,7 @@ each sub-phase of ``[trial.recovery.phases]`` for each and the ratios baseline /
 
 On CUDA the fresh processes may build while the reference trains when the device has the memory
 for it: ``--early-builds auto`` (default) measures one training step of the config here first and
-decides as the trial does (capture.trial.recover.MemoryBudget); on or off force it.
+decides as the trial does (capture.trial.recover_memory.MemoryBudget); on or off force it.
 """
 
 from __future__ import annotations

@@ -173,12 +173,14 @@ def test_check_refuses_past_what_the_process_can_get_and_warns_within_the_tolera
     host = hostmem.HostMemory(8 * GIB, "t", 4 * GIB, "MemAvailable of /proc/meminfo")
     held = GIB
     fits = hostmem.check(3 * GIB, held, "the memory estimate", host)
-    assert fits == hostmem.Check(None, None)  # 3 GiB x 1.25 < 5 GiB
+    assert (fits.refusal, fits.warning, fits.over) == (None, None, False)  # 3 GiB x 1.25 < 5 GiB
+    assert fits.figures == ("the memory estimate is 3.00 GiB; this process can get 5.00 GiB (1.00 GiB it holds + "
+                            "4.00 GiB available: MemAvailable of /proc/meminfo)")
     near = hostmem.check(int(4.5 * GIB), held, "the memory estimate", host)
     assert near.refusal is None and "25% tolerance" in (near.warning or "")
     over = hostmem.check(5 * GIB + 1, held, "the memory estimate", host)
-    assert over.warning is None and over.refusal is not None
-    assert over.refusal.startswith("the memory estimate is 5.00 GiB; this process can get 5.00 GiB (1.00 GiB it "
+    assert over.warning is None and over.refusal is not None and over.over and not near.over
+    assert over.refusal.startswith(over.figures) and over.figures.startswith("the memory estimate is 5.00 GiB; this process can get 5.00 GiB (1.00 GiB it "
                                    "holds + 4.00 GiB available: MemAvailable of /proc/meminfo)")
     assert "killed by the kernel" in over.refusal
 

@@ -35,6 +35,13 @@ def rss_bytes() -> int | None:
     return _status_kib("VmRSS")
 
 
+def file_rss_bytes() -> int | None:
+    """The file-backed and shared part of this process's RSS now (``RssFile`` + ``RssShmem``): the
+    libraries' pages, which a child process that maps the same files shares (charged once)."""
+    parts = [_status_kib("RssFile"), _status_kib("RssShmem")]
+    return None if parts[0] is None else sum(p or 0 for p in parts)
+
+
 def peak_rss_bytes() -> int | None:
     """Peak resident set size (VmHWM) since start or the last :func:`reset_peak_rss`."""
     return _status_kib("VmHWM")

@@ -184,6 +184,8 @@ oneDNN's scratch are not modelled."""
 class Check:
     refusal: str | None  # the run cannot fit: stop before it starts
     warning: str | None  # it may not: within the estimate's tolerance of the limit
+    figures: str = ""  # both figures and their sources, in words (where the host's are known)
+    over: bool = False  # the need is past what the process can get
 
 
 def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None) -> Check:
@@ -200,27 +202,42 @@ def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None =
                f"({bytes_str(held_bytes)} it holds + {bytes_str(host.available_bytes)} available: "
                f"{host.available_source})")
     if need_bytes > can:
-        return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None)
+        return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None,
+                     figures, True)
     if need_bytes * (1 + CPU_TOLERANCE) > can:
         return Check(None, f"{figures}; within the CPU estimate's {CPU_TOLERANCE:.0%} tolerance: "
-                           "the kernel may kill the run")
-    return Check(None, None)
+                           "the kernel may kill the run", figures)
+    return Check(None, None, figures)
 
 
 # --------------------------------------------------------------------------- the trial's checks on a CPU
 
 
-def _held() -> int:
+def held_bytes() -> int:
+    """This process's resident memory now (0 where it cannot be read)."""
     from capture.trial.devmem import rss_bytes
 
     return rss_bytes() or 0
 
 
-def _said(verdict: Check, say: Callable[[str], None]) -> str | None:
+def shared_bytes() -> int:
+    """What of this process's RSS a fresh child shares with it (the libraries both map): 0 where
+    it cannot be read."""
+    from capture.trial.devmem import file_rss_bytes
+
+    return file_rss_bytes() or 0
+
+
+def say_wrapped(text: str, say: Callable[[str], None]) -> None:
+    """``text`` (figures with their sources) as the trial prints it: 100 columns with "capture: "."""
     from capture.termtable import keep_units, wrap
 
+    say("\n".join(wrap(keep_units(text), 91, "", "  ", cut_long=False)))
+
+
+def _said(verdict: Check, say: Callable[[str], None]) -> str | None:
     for text in filter(None, (verdict.refusal, verdict.warning)):
-        say("\n".join(wrap(keep_units(text), 91, "", "  ", cut_long=False)))  # 100 columns with "capture: "
+        say_wrapped(text, say)
     return verdict.refusal
 
 
@@ -232,19 +249,19 @@ def before_build(config: Any, say: Callable[[str], None]) -> tuple[Any, str | No
 
     meta = build_meta(config)
     weights = sum(p.nbytes for p in memory.plan_for(config, "cpu", built=meta).params)
-    held = _held()
+    held = held_bytes()
     return meta, _said(check(held + weights, held, "this process with the model's weights"), say)
 
 
 def before_steps(estimate_bytes: int, say: Callable[[str], None]) -> str | None:
     """Before the first step: the memory estimate against what the host can give (refusal or None)."""
-    return _said(check(estimate_bytes, _held(), "the memory estimate"), say)
+    return _said(check(estimate_bytes, held_bytes(), "the memory estimate"), say)
 
 
 def search_limit(limit: int, source: str, host: HostMemory | None = None) -> tuple[int, str]:
     """The max-batch search's limit on a CPU: no more than the process can get (what it holds +
     what is available), since a candidate past that is killed, not caught."""
-    host, held = host or read(), _held()
+    host, held = host or read(), held_bytes()
     if host.available_bytes is not None and held + host.available_bytes < limit:
         return held + host.available_bytes, f"this process's RSS + available ({host.available_source}), below {source}"
     return limit, source

@@ -52,10 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import ConfigError
-from capture.trial import base, checkpoint_io
+from capture.trial import base, checkpoint_io, hostmem
 from capture.trial import recover_judge as rj
 from capture.trial.recover_judge import (  # noqa: F401  (the stage's vocabulary, used by the scaling step and tests)
     BAND_MARGIN, BIT_EXACT, compare_run, first_divergence, judge, max_loss_diff, run_to_run_band, verdict_text)
+from capture.trial.recover_memory import MemoryBudget, budget_from_trial  # noqa: F401  (the stage's, tests')
 from capture.trial.recover_steps import (  # noqa: F401
     BASELINE, BASELINE_NAME, MAPPED_READ, ON_GO, PLAN, Plan, Reference, reader_env, run_reference,
     second_save_step)
@@ -151,39 +152,6 @@ def resolve_determinism(requested: bool | None, device: Any, outer: GlobalSettin
     return Determinism(True, word, reason, env)
 
 
-# --------------------------------------------------------------------------- memory for early builds
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """Whether a fresh process may build its workload while another process trains."""
-
-    limit_bytes: int
-    """The device's memory ([trial.fit] limit_bytes)."""
-    peak_bytes: int
-    """What one training process of this run used ([trial.fit] measured_bytes)."""
-    build_bytes: int
-    """What a built workload holds before its first step: weights and the framework's own."""
-
-    MARGIN = 0.05
-    """Kept free of the device's memory when two processes share it (allocator slack, workspaces)."""
-
-    def fits_early_build(self) -> bool:
-        """Whether a fresh process may hold its built workload beside a training one (the first
-        restore's during the reference, the second resume's during the first restore)."""
-        return 0 < self.build_bytes and self.peak_bytes + self.build_bytes <= (1 - self.MARGIN) * self.limit_bytes
-
-
-def budget_from_trial(trial: Mapping[str, Any]) -> MemoryBudget | None:
-    """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown."""
-    fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
-    weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
-    limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
-    if not (isinstance(weights, int) and isinstance(limit, int) and isinstance(peak, int)):
-        return None
-    return MemoryBudget(limit, peak, int(weights) + int(memory.get("framework_overhead_bytes") or 0))
-
-
 def _early(plan: Plan, budget: MemoryBudget | None, device: Any) -> bool:
     if plan.early_build is not None:
         return plan.early_build
@@ -259,10 +227,26 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
         expected = base.expect(config, models) if plan.adapter_only else None
     except Exception as exc:  # the base's files cannot be listed: the rest of the check still runs
         base_skipped = f"the base cannot be verified: {type(exc).__name__}: {exc}".splitlines()[0]
+    if budget is not None and budget.warning is not None and progress is not None:
+        hostmem.say_wrapped(f"recovery: {budget.warning}", progress)
+    if budget is not None and budget.refusal is not None:  # a CPU's: the kernel would kill the restoring process
+        if early is not None:
+            early.stop()
+        if progress is not None:
+            hostmem.say_wrapped(f"recovery: skipped: {budget.refusal}", progress)
+        _cleanup(workdir)
+        return {"skipped": f"the restoring process does not fit the host's memory: {budget.refusal}",
+                "memory_budget": budget.to_manifest()}
+    overlap = budget is None or budget.fits_overlap()
+    if not overlap and early is not None:  # their imports would take what the restoring process needs
+        early.stop()
+        early = None
     args = (config, device, workdir, outer, k, n, withhold, sensitivity, seed, leave_out, timeout_s, plan,
-            _early(plan, budget, device), expected)
+            _early(plan, budget, device), expected, overlap)
     try:
         table = _attempt(det, *args, early=early)
+        if budget is not None:
+            table["memory_budget"] = budget.to_manifest()
         op = no_deterministic_op(str(table.get("verdict", "")).removeprefix("failed: "))
         if det.enabled and op is not None:
             log.warning("recovery: %s has no deterministic implementation; running again with the run's settings", op)
@@ -401,7 +385,7 @@ def _adopt(early: EarlyWorkers | None, name: str, wanted: Mapping[str, Any], wor
 def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: GlobalSettings, k: int, n: int,
              withhold: tuple[str, ...], sensitivity: bool, seed: int, leave_out: Sequence[str],
              timeout_s: float | None, plan: Plan, build_early: bool, expected: base.Expectation | None,
-             early: EarlyWorkers | None = None) -> dict[str, Any]:
+             overlap: bool = True, early: EarlyWorkers | None = None) -> dict[str, Any]:
     fmt = config.checkpoint.format
     checkpoint = workdir / checkpoint_io.file_name(fmt)
     settings = _worker_settings(outer, device, det)
@@ -412,7 +396,9 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                              "plan": {"checkpoint": "adapter" if plan.adapter_only and config.method == "lora" else "full",
                                       "restore": "one build, reloaded per restore" if plan.reload else
                                                  "a fresh build per restore",
-                                      "early_build": build_early}}
+                                      "early_build": build_early,
+                                      "fresh_processes": "started while another trains" if overlap else
+                                                         "each started when the one before it ended (memory)"}}
     if fmt == "torch.save" and k2 is not None:
         table["plan"]["second_read"] = MAPPED_READ
     if device_type(device) == "cpu":
@@ -426,7 +412,7 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         restore.go({"early_build": build_early})
         phases["restore_started"] = restore.started
         phases["restore_head_start_s"] = restore.head_start_s()
-    else:
+    elif overlap:
         restore = Worker("restore", dict(restore_setup, early_build=build_early), workdir, readers)
     again: Worker | None = None
     try:
@@ -472,13 +458,18 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         save_again = ({"step": k2, "path": str(workdir / ("again-" + checkpoint_io.file_name(fmt)))}
                       if k2 is not None else None)
         t0 = time.perf_counter()
+        if restore is None:  # not beside the reference: the memory is not there for both
+            restore = Worker("restore", dict(restore_setup, early_build=False), workdir, readers)
         restore.start_job({"kind": "restore", "checkpoint": str(checkpoint), "save_at_step": k, "total_steps": n,
                            "withhold": list(withhold), "saved_hashes": ref.saved_hashes, "applicable": applicable,
                            "reference_losses": ref.losses[k:], "sensitivity": applicable if sensitivity else [],
                            "base_expected": expected.to_json() if expected else None, "save_again": save_again})
-        if k2 is not None:  # started now, so that its imports (and build) overlap the first restore, not the reference
-            again = Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
-                                                  early_build=build_early, snapshot=[]), workdir, readers)
+        def second(early_build: bool) -> Worker:
+            return Worker("resume-again", _setup(config, device, seed, settings, plan, "resume_again",
+                                                 early_build=early_build, snapshot=[]), workdir, readers)
+
+        if k2 is not None and overlap:  # started now, so that its imports (and build) overlap the first restore
+            again = second(build_early)
         try:
             result = restore.result(timeout_s)
         except WorkerFailed as exc:
@@ -494,9 +485,10 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
         # and reads (two full 8B workloads do not fit one 80 GB card).
         restore.stop()
         again_result = None
-        if again is not None and result.get("saved_again"):
+        if k2 is not None and result.get("saved_again"):
             assert save_again is not None  # both exist exactly when k2 is not None
             t0 = time.perf_counter()
+            again = again or second(False)
             again.start_job({"kind": "resume_again", "checkpoint": save_again["path"], "save_at_step": k2,
                              "total_steps": n, "saved_hashes": result["saved_again"]["hashes"],
                              "applicable": applicable})
@@ -506,9 +498,10 @@ def _attempt(det: Determinism, config: Any, device: Any, workdir: Path, outer: G
                 again_result = {"error": exc.reason}
             phases["second_resume_s"] = time.perf_counter() - t0  # the parent's wait: what it adds to the stage
     finally:
-        restore.stop()
-        if again is not None:
-            again.stop()
+        for worker in (restore, again):
+            if worker is not None:
+                worker.stop()
+    assert restore is not None  # started before its job, which every path past the reference gives it
     base_row = base.row(expected, base.Check(**result["base"]) if result.get("base") else None) if expected else None
     table.update(rj.restore_table(ref, result, withhold, k, base_row))
     if expected is not None:

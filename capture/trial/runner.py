@@ -268,7 +268,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
 
             w, n = config.warmup_steps, config.measured_steps
             if opts.recovery and config.recovery.enabled and short is None:
-                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=True)
+                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=True,
+                                     start_bytes=overhead or 0)
             if short is None:
                 say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
@@ -310,7 +311,8 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                         "these steps are not a run to book on (check lr, precision and the data)")
 
             if oom is None and opts.recovery and config.recovery.enabled and early is None:
-                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=False)
+                early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=False,
+                                     start_bytes=overhead or 0)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -524,16 +526,19 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
 
 
 def _start_early(config: TrialConfig, device: Any, workdir: Path, dm: Any, models: Any,
-                 with_steps: bool) -> EarlyWorkers | None:
+                 with_steps: bool, start_bytes: int = 0) -> EarlyWorkers | None:
     """The recovery stage's fresh processes, started early so that their imports overlap other
     work (capture.trial.recover.early_start says when): with the measured steps where they
     wait on an accelerator, cores are spare and the device gives per-process memory figures,
     else once they end, while validation, checkpoint and fit run. None where it is not this
-    moment's turn or there is nothing to start."""
+    moment's turn, nothing to start, or (a CPU) no room for their imports (``start_bytes``)."""
     from capture.trial.recover import WITH_STEPS, early_start, start_early
+    from capture.trial.recover_memory import room_to_start
 
     when = early_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
+        return None
+    if device.type == "cpu" and not room_to_start(start_bytes):  # beside this process as it is now
         return None
     return start_early(config, device, workdir, models, when=when)
 

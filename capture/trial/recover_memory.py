@@ -1,0 +1,127 @@
+"""How the recovery stage's processes share memory (capture.trial.recover).
+
+The stage runs the reference, a restoring process and a second resume; to save time it starts
+and builds fresh processes while another one trains, where the memory allows. On an accelerator
+that is the device's memory ([trial.fit]: its size and the trial's measured peak; a fresh process
+takes none before it builds). On a CPU it is the host's, shared with the trial process itself,
+which stays alive as their parent: there a process past what the host gives is killed by the
+kernel (SIGKILL, no error to catch), so the stage first checks that one restoring process fits
+beside the trial process at all, and skips with the figures where it does not
+(capture.trial.hostmem). Measured in a 1.5 GB memory cgroup with the tiny example at micro-batch
+80: the steps peaked at 1.25 GB, the restoring process was killed and the stage took 6.7 s to
+say "failed".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from capture.trial import hostmem
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Whether a fresh process may start or build its workload while another process trains."""
+
+    limit_bytes: int
+    """The device's memory ([trial.fit] limit_bytes); on a CPU what the trial process and its
+    children can get when the stage starts (its RSS + what the host has available)."""
+    peak_bytes: int
+    """What the training processes hold at their peak: one training process on a device
+    ([trial.fit] measured_bytes); on a CPU the trial process beside a restoring one, which holds
+    the trial's peak and the checkpoint's host copy (read once, for every restore)."""
+    build_bytes: int
+    """What a built workload holds before its first step: weights and the framework's own."""
+    start_bytes: int = 0
+    """What a fresh process holds before it builds: on a CPU its imports (the framework's
+    overhead); 0 on a device, where the imports take none of its memory."""
+    refusal: str | None = None
+    """On a CPU, where one restoring process beside the trial process is past what the host gives."""
+    warning: str | None = None
+    """On a CPU, where it is within the estimate's tolerance of it (the kernel may kill it)."""
+
+    MARGIN = 0.05
+    """Kept free of the memory when two processes share it (allocator slack, workspaces)."""
+
+    def fits_early_build(self) -> bool:
+        """Whether a fresh process may hold its built workload beside a training one (the first
+        restore's during the reference, the second resume's during the first restore)."""
+        return 0 < self.build_bytes and self.peak_bytes + self.build_bytes <= (1 - self.MARGIN) * self.limit_bytes
+
+    def fits_overlap(self) -> bool:
+        """Whether a fresh process may start (import) while another one trains, instead of after it."""
+        return self.peak_bytes + self.start_bytes <= (1 - self.MARGIN) * self.limit_bytes
+
+    def to_manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"limit_bytes": self.limit_bytes, "peak_bytes": self.peak_bytes,
+                               "build_bytes": self.build_bytes, "start_bytes": self.start_bytes,
+                               "early_build": self.fits_early_build(), "overlap": self.fits_overlap()}
+        if self.refusal:
+            out["refusal"] = self.refusal
+        return out
+
+
+def checkpoint_bytes(trial: Mapping[str, Any]) -> int:
+    """The checkpoint's size: as the trial's own checkpoint stage wrote it (the same contents as the
+    stage's), else from the estimate (the model's weights, or a LoRA run's trainable ones, and the
+    optimizer's state)."""
+    size = (trial.get("checkpoint") or {}).get("size_bytes")
+    if isinstance(size, int) and size > 0:
+        return size
+    estimate = (trial.get("memory") or {}).get("estimate") or {}
+
+    def term(name: str) -> int:
+        value = (estimate.get(name) or {}).get("bytes")
+        return int(value) if isinstance(value, int) else 0
+
+    model = term("gradients") if (trial.get("run") or {}).get("method") == "lora" else term("weights")
+    return model + term("optimizer_state")
+
+
+def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None = None,
+                      held: int | None = None, shared: int | None = None) -> MemoryBudget | None:
+    """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown.
+    On a CPU also from the host's memory now (``host``; ``held``: this process's RSS; ``shared``:
+    the part of it a child shares, the libraries' pages, which the trial's peak and a fresh
+    process's imports count too but the host holds once; each read when not given), with the
+    refusal where one restoring process does not fit."""
+    fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
+    weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
+    limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
+    if not (isinstance(weights, int) and isinstance(limit, int) and isinstance(peak, int)):
+        return None
+    overhead = int(memory.get("framework_overhead_bytes") or 0)
+    build = int(weights) + overhead
+    if (memory.get("measured") or {}).get("device_type") != "cpu":
+        return MemoryBudget(limit, peak, build)
+    host = host or hostmem.read()
+    held = hostmem.held_bytes() if held is None else held
+    shared = min(hostmem.shared_bytes() if shared is None else shared, peak, overhead or peak)
+    if host.available_bytes is None:
+        return MemoryBudget(limit, peak, build, overhead)
+    need = peak - shared + checkpoint_bytes(trial)
+    what = ("the recovery check's restoring process (the trial's peak less the libraries it shares, + its host "
+            "copy of the checkpoint) beside this one")
+    # Refused only where it cannot fit even with every page of the file cache given back: past the
+    # host's (or the cgroup's) whole memory less what this process holds of its own. Between that
+    # and what is available now, the page cache may give the rest: a warning, and one process at a time.
+    whole = (None if host.total_bytes is None else
+             replace(host, available_bytes=max(0, host.total_bytes - held),
+                     available_source=f"{host.total_source}, less this process's RSS"))
+    sure = hostmem.check(held + need, held, what, whole) if whole else hostmem.Check(None, None)
+    now = hostmem.check(held + need, held, what, host)
+    warning = now.warning or (f"{now.figures}; the file cache may give the rest: its processes run one after "
+                              "another, and the kernel may still kill one" if now.over else None)
+    return MemoryBudget(held + host.available_bytes, held + need, build - shared, overhead - shared,
+                        sure.refusal, None if sure.refusal else warning)
+
+
+def room_to_start(start_bytes: int, host: hostmem.HostMemory | None = None, held: int | None = None) -> bool:
+    """On a CPU, whether a fresh process may start its imports now, beside this process as it is."""
+    host = host or hostmem.read()
+    held = hostmem.held_bytes() if held is None else held
+    if host.available_bytes is None:
+        return True
+    return held + start_bytes <= (1 - MemoryBudget.MARGIN) * (held + host.available_bytes)
