@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 RULE = "─"
@@ -172,3 +172,9 @@ def _records(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: in
         text = " · ".join(f"{c.header}: {v}" for c, v in zip(columns, r) if v)
         lines += wrap(text, width, pad + "- ", pad + "  ")
     return Fitted(lines)
+
+
+def say_wrapped(text: str, say: Callable[[str], None]) -> None:
+    """``text`` as a command prints a long line on stderr (``say`` adds "capture: "): wrapped at 91
+    columns, so 100 in all, the later lines indented, never between a number and its unit."""
+    say("\n".join(wrap(keep_units(text), 91, "", "  ", cut_long=False)))

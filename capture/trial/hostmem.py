@@ -228,14 +228,9 @@ def shared_bytes() -> int:
     return file_rss_bytes() or 0
 
 
-def say_wrapped(text: str, say: Callable[[str], None]) -> None:
-    """``text`` (figures with their sources) as the trial prints it: 100 columns with "capture: "."""
-    from capture.termtable import keep_units, wrap
-
-    say("\n".join(wrap(keep_units(text), 91, "", "  ", cut_long=False)))
-
-
 def _said(verdict: Check, say: Callable[[str], None]) -> str | None:
+    from capture.termtable import say_wrapped
+
     for text in filter(None, (verdict.refusal, verdict.warning)):
         say_wrapped(text, say)
     return verdict.refusal

@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from capture.errors import ConfigError
-from capture.trial import base, checkpoint_io, hostmem
+from capture.termtable import say_wrapped
+from capture.trial import base, checkpoint_io
 from capture.trial import recover_judge as rj
 from capture.trial.recover_judge import (  # noqa: F401  (the stage's vocabulary, used by the scaling step and tests)
     BAND_MARGIN, BIT_EXACT, compare_run, first_divergence, judge, max_loss_diff, run_to_run_band, verdict_text)
@@ -228,12 +229,12 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
     except Exception as exc:  # the base's files cannot be listed: the rest of the check still runs
         base_skipped = f"the base cannot be verified: {type(exc).__name__}: {exc}".splitlines()[0]
     if budget is not None and budget.warning is not None and progress is not None:
-        hostmem.say_wrapped(f"recovery: {budget.warning}", progress)
+        say_wrapped(f"recovery: {budget.warning}", progress)
     if budget is not None and budget.refusal is not None:  # a CPU's: the kernel would kill the restoring process
         if early is not None:
             early.stop()
         if progress is not None:
-            hostmem.say_wrapped(f"recovery: skipped: {budget.refusal}", progress)
+            say_wrapped(f"recovery: skipped: {budget.refusal}", progress)
         _cleanup(workdir)
         return {"skipped": f"the restoring process does not fit the host's memory: {budget.refusal}",
                 "memory_budget": budget.to_manifest()}

@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from capture.errors import CaptureError, UsageError
 from capture.fmt import bytes_str
-from capture.termtable import keep_together, wrap
+from capture.termtable import keep_together, say_wrapped
 from capture import manifest as mf
 from capture.trial.config import TrialConfig
 from capture.trial.cost import PhaseTimer, Projection, cost_table, project, resolve_price
@@ -155,8 +156,6 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     stem = config.source.removeprefix("example:") if config.source.startswith("example:") else Path(config.source).stem
     output = Path(opts.output) if opts.output else default_output(stem or config.name)
     if not output.parent.is_dir():
-        from capture.errors import UsageError
-
         raise UsageError(f"-o: folder {output.parent} does not exist", "create it first or choose another path")
 
     with timer.phase("config"):
@@ -258,7 +257,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 est = memory_mod.estimate_plan(plan, config.batch.micro_batch_size, overhead, overhead_src)
             # 100 columns with "capture: ", never between a term and its figure
             terms = ", ".join(keep_together(f"{t.name} {bytes_str(t.bytes)}") for t in est.terms if t.bytes)
-            say("\n".join(wrap(f"memory estimate before running: {bytes_str(est.total_bytes)}: {terms}", 91, "", "  ")))
+            say_wrapped(f"memory estimate before running: {bytes_str(est.total_bytes)}: {terms}", say)
             short = hostmem.before_steps(est.total_bytes, say) if device.type == "cpu" else None
             if wl.compiled:
                 say("torch.compile: compiling before the first step (timed on its own)")
@@ -489,8 +488,6 @@ def _limit(opts: TrialOptions, dm: Any) -> tuple[int, str]:
         return opts.memory_limit_bytes, "--memory-limit"
     total, src = dm.total_bytes()
     if total is None:
-        from capture.errors import UsageError
-
         raise UsageError("the device's memory size is unknown", "pass --memory-limit BYTES")
     return total, src
 
@@ -551,8 +548,6 @@ def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, 
         return run_recoverability(config, device, workdir, budget=budget_from_trial(trial), models=models,
                                   progress=say, early=early)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
-        from capture.errors import CaptureError
-
         if isinstance(exc, CaptureError):
             raise
         log.debug("recoverability failed", exc_info=True)
