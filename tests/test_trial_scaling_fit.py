@@ -318,3 +318,43 @@ def test_a_rank_killed_by_the_kernel_is_named_with_the_way_out(tmp_path: Path):
         scaling.run_launch(cmd, os.environ, tmp_path / "l.log", tmp_path / "r.json", 120)
     assert info.value.hint.startswith("--rank-memory-limit BYTES caps each rank") and str(tmp_path / "l.log") in info.value.hint
     assert "\n" not in info.value.message
+
+
+def test_a_rank_the_kernel_kills_in_an_item_is_a_result_and_the_launch_goes_on(tmp_path: Path, monkeypatch):
+    """A real rank process gets SIGKILL inside the DDP item (as the OOM killer sends it to a CPU
+    rank past the host's memory): before, the launch failed (exit 2) and the trial's other
+    results were lost; now, as an out-of-memory marker would, DDP is recorded as not fitting on
+    the rank that was killed, and the next launch measures FSDP."""
+    import signal
+    import threading
+    import time
+
+    from capture.trial.scratch import PAUSE_ENV
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    paused = tmp_path / "paused.txt"
+    monkeypatch.setenv(PAUSE_ENV, f"scaling.item.ddp={paused}")  # each rank waits there until it is killed
+    killed: list[int] = []
+
+    def kill_first() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            lines = paused.read_text().splitlines() if paused.exists() else []
+            if lines:
+                killed.append(int(lines[0].split()[1]))
+                os.kill(killed[0], signal.SIGKILL)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_first, daemon=True)
+    watcher.start()
+    config = load_example("tiny").with_overrides(device="cpu", warmup_steps=1, measured_steps=2, micro_batch_size=4)
+    t = scaling.run_scaling(config, _args("--nproc", "2", "--no-recovery", "--dist-dir", str(tmp_path / "dist")),
+                            tmp_path)
+    watcher.join(5)
+    assert killed, "no rank reached the DDP item"
+    ddp = t["ddp"]
+    assert ddp["fits"] is False and re.fullmatch(r"does not fit: out of memory on rank [01]", ddp["verdict"])
+    assert ddp["oom"] == (f"its process (PID {killed[0]}) was killed by SIGKILL: most likely the kernel's OOM "
+                          "killer (the host's or the memory cgroup's memory ran out)")
+    assert [r["after_item"] for r in t["relaunches"]] == ["ddp"]
+    assert t["baseline"]["fits"] is True and t["fsdp"]["fits"] is True and t["fsdp"]["throughput_tokens_per_s"] > 0

@@ -13,7 +13,9 @@ Out of memory is a result. The baseline catches it in-process (no other rank is 
 rank that runs out of memory in a distributed item cannot tell the others, who wait in a
 collective for it, so it writes ``OUT.rankR.oom`` (the item and the reason) and exits; torchrun
 stops the rest, and the parent launches again with the finished items (``OUT.progress``, written
-by rank 0 after each item) and the failed one carried in the job's ``done``. Any other failure
+by rank 0 after each item) and the failed one carried in the job's ``done``. A rank the kernel
+kills (SIGKILL: on a CPU, the host's memory ran out) writes nothing; each rank's ``OUT.rankR.at``
+(the item it is in, its PID) lets the parent treat it the same way. Any other failure
 writes ``OUT.rankR.error`` (one line). Rank 0 writes the job's ``out`` file at the end.
 """
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from capture._atomic import atomic_write
-from capture.trial import state
+from capture.trial import scratch, state
 from capture.trial._dist_build import Built, build, warm_imports
 from capture.trial._dist_facts import binding_row, collective_loaded, local_topology
 from capture.trial.scaling import NO_COLLECTIVE, BatchPlan, is_collective, step_stats, union_seconds
@@ -361,6 +363,11 @@ class Items:
         if key in self.carried:
             return self.carried[key]
         _ITEM["key"] = key
+        # Where this rank is, for the parent: a rank the kernel kills (SIGKILL, past the host's
+        # memory on a CPU) writes nothing more, and its PID in torchrun's log names the marker.
+        atomic_write(Path(f"{self.out}.rank{self.rank}.at"),
+                     json.dumps({"item": key, "rank": self.rank, "pid": os.getpid()}).encode())
+        scratch.pause_point(f"scaling.item.{key}")
         value = fn()
         _ITEM["key"] = None
         if self.rank == 0:

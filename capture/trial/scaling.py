@@ -257,6 +257,21 @@ def _killed_rank(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _rank_at(out_path: Path, pid: str) -> tuple[str, int] | None:
+    """(item, rank) from the ``OUT.rankR.at`` marker of the rank process ``pid``, None where none says so."""
+    from capture._json import JsonError, loads
+
+    for marker in sorted(out_path.parent.glob(out_path.name + ".rank*.at")):
+        try:
+            at = loads(marker.read_bytes()[:4096])
+        except (OSError, JsonError):
+            continue  # half-written by a rank stopped meanwhile
+        if isinstance(at, dict) and str(at.get("pid")) == pid and isinstance(at.get("item"), str) \
+                and type(at.get("rank")) is int:
+            return at["item"], at["rank"]
+    return None
+
+
 def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path: Path, timeout_s: float) -> dict[str, Any]:
     """Run one launch, its output to ``log_path``; return rank 0's result (``out_path``)."""
     log.debug("launch: %s", " ".join(cmd))
@@ -301,6 +316,10 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
         if killed and not reason:  # no traceback to show: a signal from outside, on a CPU the OOM killer
             from capture.trial.worker_proc import killed_reason
 
+            at = _rank_at(out_path, killed)
+            if at is not None:  # in an item of the measure phase: as out of memory, a result
+                raise RankOutOfMemory(at[0], at[1], killed_reason(f"its process (PID {killed})", signal.SIGKILL),
+                                      elapsed)
             raise LaunchFailed(f"scaling: {killed_reason(f'rank process {killed}', signal.SIGKILL)}",
                 f"--rank-memory-limit BYTES caps each rank, so that an allocation past it is a result (does not "
                 f"fit) instead; fewer --nproc or a smaller micro-batch; the launcher's output is in {log_path}")
@@ -402,7 +421,8 @@ def launch_measure(job: dict[str, Any], args: ScalingOptions, base: Path, env: M
             progress = Path(f"{out_path}.progress")
             if progress.exists():
                 done.update(json.loads(progress.read_text()))
-            done[exc.item] = {"fits": False, "verdict": f"does not fit: out of memory on rank {exc.rank}",
+            where = "does not fit on one device" if exc.item == "baseline" else "does not fit"
+            done[exc.item] = {"fits": False, "verdict": f"{where}: out of memory on rank {exc.rank}",
                               "oom": exc.reason, "oom_rank": exc.rank}
             relaunches.append({"after_item": exc.item, "rank": exc.rank, "reason": exc.reason, "log": log_path.name})
             sys.stderr.write(f"scaling: {exc.item} does not fit (rank {exc.rank}: {exc.reason}); launching again\n")
