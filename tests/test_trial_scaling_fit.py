@@ -358,3 +358,19 @@ def test_a_rank_the_kernel_kills_in_an_item_is_a_result_and_the_launch_goes_on(t
                           "killer (the host's or the memory cgroup's memory ran out)")
     assert [r["after_item"] for r in t["relaunches"]] == ["ddp"]
     assert t["baseline"]["fits"] is True and t["fsdp"]["fits"] is True and t["fsdp"]["throughput_tokens_per_s"] > 0
+
+
+def test_the_killed_ranks_marker_is_read_only_when_it_is_this_hosts_and_whole(tmp_path: Path):
+    import socket
+
+    out = tmp_path / "result-measure.json"
+    here = socket.gethostname()
+    (tmp_path / "result-measure.json.rank0.at").write_text(json.dumps({"item": "ddp", "rank": 0, "pid": 42,
+                                                                       "host": here + "-other"}))  # another node
+    (tmp_path / "result-measure.json.rank1.at").write_text('{"item": "fs')  # cut short
+    (tmp_path / "result-measure.json.rank2.at").write_text(json.dumps({"item": "ddp", "rank": "2", "pid": 42,
+                                                                       "host": here}))  # rank not an int
+    assert scaling._rank_at(out, "42") is None
+    (tmp_path / "result-measure.json.rank3.at").write_text(json.dumps({"item": "fsdp", "rank": 3, "pid": 42,
+                                                                       "host": here}))
+    assert scaling._rank_at(out, "42") == ("fsdp", 3) and scaling._rank_at(out, "43") is None

@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -366,7 +367,7 @@ class Items:
         # Where this rank is, for the parent: a rank the kernel kills (SIGKILL, past the host's
         # memory on a CPU) writes nothing more, and its PID in torchrun's log names the marker.
         atomic_write(Path(f"{self.out}.rank{self.rank}.at"),
-                     json.dumps({"item": key, "rank": self.rank, "pid": os.getpid()}).encode())
+                     json.dumps({"item": key, "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()}).encode())
         scratch.pause_point(f"scaling.item.{key}")
         value = fn()
         _ITEM["key"] = None

@@ -258,7 +258,10 @@ def _killed_rank(text: str) -> str | None:
 
 
 def _rank_at(out_path: Path, pid: str) -> tuple[str, int] | None:
-    """(item, rank) from the ``OUT.rankR.at`` marker of the rank process ``pid``, None where none says so."""
+    """(item, rank) from the ``OUT.rankR.at`` marker of the rank process ``pid`` on this host (a
+    shared --dist-dir holds other nodes' markers, whose PIDs may repeat), None where none says so."""
+    import socket
+
     from capture._json import JsonError, loads
 
     for marker in sorted(out_path.parent.glob(out_path.name + ".rank*.at")):
@@ -266,8 +269,8 @@ def _rank_at(out_path: Path, pid: str) -> tuple[str, int] | None:
             at = loads(marker.read_bytes()[:4096])
         except (OSError, JsonError):
             continue  # half-written by a rank stopped meanwhile
-        if isinstance(at, dict) and str(at.get("pid")) == pid and isinstance(at.get("item"), str) \
-                and type(at.get("rank")) is int:
+        if isinstance(at, dict) and str(at.get("pid")) == pid and at.get("host") == socket.gethostname() \
+                and isinstance(at.get("item"), str) and type(at.get("rank")) is int:
             return at["item"], at["rank"]
     return None
 
