@@ -8,8 +8,9 @@ which stays alive as their parent: there a process past what the host gives is k
 kernel (SIGKILL, no error to catch), so the stage first checks that one restoring process fits
 beside the trial process at all, and skips with the figures where it does not
 (capture.trial.hostmem). Measured in a 1.5 GB memory cgroup with the tiny example at micro-batch
-80: the steps peaked at 1.25 GB, the restoring process was killed and the stage took 6.7 s to
-say "failed".
+80 (steps at a 1.18 GiB peak): the restoring process, started beside the trial process and a
+second one's imports, was killed, and the stage said "failed"; run one process at a time it is
+bit-exact. At 96 the restoring process does not fit even alone (killed when forced): skipped.
 """
 
 from __future__ import annotations
