@@ -177,7 +177,7 @@ def test_check_refuses_past_what_the_process_can_get_and_warns_within_the_tolera
     assert fits.figures == ("the memory estimate is 3.00 GiB; this process can get 5.00 GiB (1.00 GiB it holds + "
                             "4.00 GiB available: MemAvailable of /proc/meminfo)")
     near = hostmem.check(int(4.5 * GIB), held, "the memory estimate", host)
-    assert near.refusal is None and "25% tolerance" in (near.warning or "")
+    assert near.refusal is None and "within 25% of it: the kernel may kill the run" in (near.warning or "")
     over = hostmem.check(5 * GIB + 1, held, "the memory estimate", host)
     assert over.warning is None and over.refusal is not None and over.over and not near.over
     assert over.refusal.startswith(over.figures) and over.figures.startswith("the memory estimate is 5.00 GiB; this process can get 5.00 GiB (1.00 GiB it "
@@ -260,7 +260,7 @@ def test_a_cpu_trial_past_its_cgroup_stops_before_the_step_or_the_build_with_a_m
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr and "killed by the kernel" in proc.stderr
         lines = proc.stderr.splitlines()
-        first = next(i for i, line in enumerate(lines) if line.startswith(("capture: the memory estimate is",
+        first = next(i for i, line in enumerate(lines) if line.startswith(("capture: the memory estimate (",
                                                                           "capture: this process with")))
         last = next(i for i, line in enumerate(lines) if "killed by the kernel" in line)
         assert first < last and all(len(line) <= 100 for line in lines[first:last + 1])  # wrapped, 100 columns

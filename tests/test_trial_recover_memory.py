@@ -68,7 +68,7 @@ def test_on_a_cpu_the_host_decides_overlap_sequence_or_refusal():
     # room for the restoring process, not for one more process's imports beside it: one at a time
     tight = budget(GIB, 2 * GIB, need + 150 * MIB)
     assert not tight.fits_overlap() and not tight.fits_early_build() and tight.refusal is None
-    assert tight.warning is not None and "within the CPU estimate's 25% tolerance" in tight.warning
+    assert tight.warning is not None and "within 25% of it: the kernel may kill the run" in tight.warning
 
     # past what is available now, within the whole limit: the file cache may give the rest
     cache = budget(GIB, 2 * GIB, need - 100 * MIB)

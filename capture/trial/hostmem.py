@@ -175,9 +175,15 @@ def read(root: Path | None = None) -> HostMemory:
     return HostMemory(total, total_src, avail, avail_src)
 
 
-CPU_TOLERANCE = 0.25
+CPU_TOLERANCE = 0.5
 """The memory estimate's documented tolerance on a CPU (docs/trial.md): the C library's heap and
-oneDNN's scratch are not modelled."""
+oneDNN's scratch are not modelled. Measured in a 1.5 GB cgroup, the tiny example at micro-batch
+56 to 128 peaked 1.29 to 1.44 times its estimate (glibc keeps freed blocks below its mmap
+threshold, up to 32 MiB, in its heap; with ``MALLOC_MMAP_THRESHOLD_=1048576`` the same run was
+within 4 %, and its steps 2.4 times slower, so the trial measures the heap as the user's run has it)."""
+
+WARN_WITHIN = 0.25
+"""How close to what the host gives a need is warned about (a measured or exact figure)."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +194,11 @@ class Check:
     over: bool = False  # the need is past what the process can get
 
 
-def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None) -> Check:
+def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None,
+          within: float = WARN_WITHIN) -> Check:
     """Whether a CPU process that holds ``held_bytes`` now can grow to ``need_bytes`` (``what``:
     the figure, in words). Past what the host gives, the kernel kills the process: a refusal
-    names both figures and their sources; within :data:`CPU_TOLERANCE` of it, a warning."""
+    names both figures and their sources; within ``within`` of it, a warning."""
     from capture.fmt import bytes_str
 
     host = host or read()
@@ -204,9 +211,8 @@ def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None =
     if need_bytes > can:
         return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None,
                      figures, True)
-    if need_bytes * (1 + CPU_TOLERANCE) > can:
-        return Check(None, f"{figures}; within the CPU estimate's {CPU_TOLERANCE:.0%} tolerance: "
-                           "the kernel may kill the run", figures)
+    if need_bytes * (1 + within) > can:
+        return Check(None, f"{figures}; within {within:.0%} of it: the kernel may kill the run", figures)
     return Check(None, None, figures)
 
 
@@ -249,8 +255,14 @@ def before_build(config: Any, say: Callable[[str], None]) -> tuple[Any, str | No
 
 
 def before_steps(estimate_bytes: int, say: Callable[[str], None]) -> str | None:
-    """Before the first step: the memory estimate against what the host can give (refusal or None)."""
-    return _said(check(estimate_bytes, held_bytes(), "the memory estimate"), say)
+    """Before the first step: the memory estimate with its CPU tolerance (:data:`CPU_TOLERANCE`)
+    against what the host can give (refusal or None). A step past it is killed, not caught, and a
+    run killed at its first step leaves no manifest: the estimate's upper bound decides."""
+    from capture.fmt import bytes_str
+
+    upper = int(estimate_bytes * (1 + CPU_TOLERANCE))
+    what = f"the memory estimate ({bytes_str(estimate_bytes)}) with its CPU tolerance of +{CPU_TOLERANCE:.0%}"
+    return _said(check(upper, held_bytes(), what, within=0.0), say)
 
 
 def search_limit(limit: int, source: str, host: HostMemory | None = None) -> tuple[int, str]:
