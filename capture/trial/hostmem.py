@@ -191,7 +191,11 @@ class Check:
     refusal: str | None  # the run cannot fit: stop before it starts
     warning: str | None  # it may not: within the estimate's tolerance of the limit
     figures: str = ""  # both figures and their sources, in words (where the host's are known)
-    over: bool = False  # the need is past what the process can get
+
+    @property
+    def over(self) -> bool:
+        """The need is past what the process can get (what a refusal says)."""
+        return self.refusal is not None
 
 
 def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None,
@@ -210,7 +214,7 @@ def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None =
                f"{host.available_source})")
     if need_bytes > can:
         return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None,
-                     figures, True)
+                     figures)
     if need_bytes * (1 + within) > can:
         return Check(None, f"{figures}; within {within:.0%} of it: the kernel may kill the run", figures)
     return Check(None, None, figures)
