@@ -151,3 +151,23 @@ def test_in_a_cgroup_the_stage_is_never_killed(tmp_path, cgroup_1500m):  # noqa:
         assert rec["plan"]["fresh_processes"] == ("started while another trains" if budget["overlap"] else
                                                   "each started when the one before it ended (memory)")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".capture")) == []
+
+
+def test_the_budget_is_recorded_on_the_attempt_the_table_comes_from(tmp_path, monkeypatch):
+    """Deterministic mode falls back to the run's settings when an op has no deterministic
+    implementation (a GPU's case, driven here through the stage's own attempt seam): the table is
+    the second attempt's, and it still records the budget both attempts were planned by."""
+    calls: list[bool] = []
+
+    def attempt(det, *args, early=None):
+        calls.append(det.enabled)
+        verdict = ("failed: RuntimeError: scatter_add_cuda_kernel does not have a deterministic implementation"
+                   if det.enabled else "bit-exact")
+        return {"verdict": verdict, "deterministic": det.to_manifest(), "phases": {}}
+
+    monkeypatch.setattr(recover, "_attempt", attempt)
+    budget = MemoryBudget(1000, 500, 200, 100)
+    table = recover.run_recoverability(_config(tmp_path, deterministic=True), CPU, tmp_path, budget=budget)
+    assert calls == [True, False]
+    assert table["verdict"] == "bit-exact" and table["deterministic"]["fallback_op"] == "scatter_add_cuda_kernel"
+    assert table["memory_budget"] == budget.to_manifest()

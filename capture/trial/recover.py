@@ -246,14 +246,14 @@ def run_recoverability(config: Any, device: Any, workdir: Path, timeout_s: float
             _early(plan, budget, device), expected, overlap)
     try:
         table = _attempt(det, *args, early=early)
-        if budget is not None:
-            table["memory_budget"] = budget.to_manifest()
         op = no_deterministic_op(str(table.get("verdict", "")).removeprefix("failed: "))
         if det.enabled and op is not None:
             log.warning("recovery: %s has no deterministic implementation; running again with the run's settings", op)
             off = Determinism(False, det.requested, f"fell back: {op} has no deterministic implementation", {})
             table = _attempt(off, *args)
             table["deterministic"]["fallback_op"] = op
+        if budget is not None:  # whichever attempt the table is, it was planned by this budget
+            table["memory_budget"] = budget.to_manifest()
     finally:
         outer.apply()
         if early is not None:
