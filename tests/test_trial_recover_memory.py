@@ -36,11 +36,44 @@ def _host(total: int, available: int) -> hostmem.HostMemory:
     return hostmem.HostMemory(total, "memory cgroup limit (t)", available, "limit less its working set (t)")
 
 
-def test_on_a_device_the_budget_is_the_fit_table_as_before():
-    budget = budget_from_trial(_trial("cuda", 60 * GIB))
-    assert budget == MemoryBudget(64 * GIB, 60 * GIB, 340 * MIB)
-    assert budget.fits_early_build() and budget.fits_overlap() and budget.refusal is None
-    assert budget.to_manifest()["start_bytes"] == 0  # imports take no device memory
+def test_on_a_device_the_device_decides_and_the_host_holds_the_checkpoint_copy():
+    """The device's memory decides early builds and overlap as before; the host's is checked for
+    what a restoring process holds there: a process like this one (held 3 GiB, of which 1 GiB the
+    libraries it shares) and its host copy of the checkpoint (here 40 GiB, a full 8B fine-tune's)."""
+    held, shared, ckpt = 3 * GIB, GIB, 40 * GIB
+
+    def budget(total: int, available: int) -> MemoryBudget:
+        made = budget_from_trial(_trial("cuda", 60 * GIB, checkpoint=ckpt), _host(total, available), held, shared)
+        assert made is not None
+        return made
+
+    need = held + (held - shared) + ckpt
+    roomy = budget(256 * GIB, 200 * GIB)
+    assert (roomy.limit_bytes, roomy.peak_bytes, roomy.build_bytes, roomy.start_bytes) == (64 * GIB, 60 * GIB,
+                                                                                           340 * MIB, 0)
+    assert (roomy.host_need_bytes, roomy.host_limit_bytes) == (need, held + 200 * GIB)
+    assert roomy.fits_early_build() and roomy.fits_overlap() and roomy.refusal is roomy.warning is None
+    assert roomy.to_manifest()["start_bytes"] == 0 and roomy.to_manifest()["host_need_bytes"] == need
+
+    # a 64 GB container with 45 GiB available: the copy fits, not with 25 % to spare: one at a time
+    tight = budget(64 * GIB, 45 * GIB)
+    assert tight.refusal is None and tight.warning is not None and "within 25% of it" in tight.warning
+    assert not tight.fits_overlap() and tight.fits_early_build()  # the device still has room for a build
+    assert tight.to_manifest()["overlap"] is False
+
+    # past what is available now, within the whole: the file cache may give the rest
+    cache = budget(64 * GIB, 30 * GIB)
+    assert cache.refusal is None and not cache.fits_overlap() and "the file cache may give" in cache.warning
+
+    # a 32 GB container: it cannot hold the copy at all; skipped before a process is started
+    over = budget(32 * GIB, 28 * GIB)
+    assert over.refusal is not None and over.warning is None and "host copy of the checkpoint" in over.refusal
+    assert "memory cgroup limit (t), less this process's RSS" in over.refusal
+
+    # nothing readable about the host: the device's figures alone, as before
+    blind = budget_from_trial(_trial("cuda", 60 * GIB), hostmem.HostMemory(None, "", None, ""), held, shared)
+    assert blind == MemoryBudget(64 * GIB, 60 * GIB, 340 * MIB)
+    assert "host_need_bytes" not in blind.to_manifest()
 
 
 def test_the_checkpoint_is_as_written_else_from_the_estimate():

@@ -200,8 +200,8 @@ class Check:
 
 def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None = None,
           within: float = WARN_WITHIN) -> Check:
-    """Whether a CPU process that holds ``held_bytes`` now can grow to ``need_bytes`` (``what``:
-    the figure, in words). Past what the host gives, the kernel kills the process: a refusal
+    """Whether a process that holds ``held_bytes`` of host memory now can grow to ``need_bytes``
+    (``what``: the figure, in words). Past what the host gives, the kernel kills it: a refusal
     names both figures and their sources; within ``within`` of it, a warning."""
     from capture.fmt import bytes_str
 
@@ -213,7 +213,7 @@ def check(need_bytes: int, held_bytes: int, what: str, host: HostMemory | None =
                f"({bytes_str(held_bytes)} it holds + {bytes_str(host.available_bytes)} available: "
                f"{host.available_source})")
     if need_bytes > can:
-        return Check(f"{figures}; a CPU run past that is killed by the kernel, not stopped with an error", None,
+        return Check(f"{figures}; a process past that is killed by the kernel, not stopped with an error", None,
                      figures)
     if need_bytes * (1 + within) > can:
         return Check(None, f"{figures}; within {within:.0%} of it: the kernel may kill the run", figures)

@@ -11,6 +11,13 @@ beside the trial process at all, and skips with the figures where it does not
 80 (steps at a 1.18 GiB peak): the restoring process, started beside the trial process and a
 second one's imports, was killed, and the stage said "failed"; run one process at a time it is
 bit-exact. At 96 the restoring process does not fit even alone (killed when forced): skipped.
+
+On an accelerator the device decides the overlap, and the host is still checked: the restoring
+process reads the checkpoint once into host memory and keeps that copy for all its restores (a full
+8B fine-tune's with AdamW is about 48 GB), beside the trial process; a container's memory limit is
+often far below that. Its need is a process like this one (less the libraries it shares) plus the
+copy; past the host's whole memory the stage is skipped, past what is available now (or within
+25 % of it) its processes run one after another.
 """
 
 from __future__ import annotations
@@ -41,7 +48,14 @@ class MemoryBudget:
     refusal: str | None = None
     """On a CPU, where one restoring process beside the trial process is past what the host gives."""
     warning: str | None = None
-    """On a CPU, where it is within the estimate's tolerance of it (the kernel may kill it)."""
+    """Where it is within the estimate's tolerance of it (the kernel may kill it)."""
+    host_need_bytes: int | None = None
+    """On an accelerator, what the trial process and one restoring process hold of the host's
+    memory (this process's RSS, a process like it less the libraries they share, the checkpoint's
+    host copy); on a CPU ``peak_bytes`` says it."""
+    host_limit_bytes: int | None = None
+    """On an accelerator, what the trial process and its children can get of the host's memory
+    (its RSS + what is available); on a CPU ``limit_bytes`` says it."""
 
     MARGIN = 0.05
     """Kept free of the memory when two processes share it (allocator slack, workspaces)."""
@@ -52,15 +66,20 @@ class MemoryBudget:
         return 0 < self.build_bytes and self.peak_bytes + self.build_bytes <= (1 - self.MARGIN) * self.limit_bytes
 
     def fits_overlap(self) -> bool:
-        """Whether a fresh process may start (import) while another one trains, instead of after it."""
+        """Whether a fresh process may start (import) while another one trains, instead of after it:
+        the device's memory (a CPU's: the host's), and on an accelerator the host's beside it."""
+        if self.host_need_bytes is not None and self.host_limit_bytes is not None \
+                and self.host_need_bytes * (1 + hostmem.WARN_WITHIN) > self.host_limit_bytes:
+            return False
         return self.peak_bytes + self.start_bytes <= (1 - self.MARGIN) * self.limit_bytes
 
     def to_manifest(self) -> dict[str, Any]:
         out: dict[str, Any] = {"limit_bytes": self.limit_bytes, "peak_bytes": self.peak_bytes,
                                "build_bytes": self.build_bytes, "start_bytes": self.start_bytes,
                                "early_build": self.fits_early_build(), "overlap": self.fits_overlap()}
-        if self.refusal:
-            out["refusal"] = self.refusal
+        for key in ("host_need_bytes", "host_limit_bytes", "refusal"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -84,10 +103,10 @@ def checkpoint_bytes(trial: Mapping[str, Any]) -> int:
 def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None = None,
                       held: int | None = None, shared: int | None = None) -> MemoryBudget | None:
     """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown.
-    On a CPU also from the host's memory now (``host``; ``held``: this process's RSS; ``shared``:
-    the part of it a child shares, the libraries' pages, which the trial's peak and a fresh
-    process's imports count too but the host holds once; each read when not given), with the
-    refusal where one restoring process does not fit."""
+    Also from the host's memory now (``host``; ``held``: this process's RSS; ``shared``: the part
+    of it a child shares, the libraries' pages, which the host holds once; each read when not
+    given), with the refusal where one restoring process does not fit: on a CPU it holds the
+    trial's peak, on an accelerator a process like this one; both the checkpoint's host copy."""
     fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
     weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
     limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
@@ -95,28 +114,43 @@ def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None 
         return None
     overhead = int(memory.get("framework_overhead_bytes") or 0)
     build = int(weights) + overhead
-    if (memory.get("measured") or {}).get("device_type") != "cpu":
-        return MemoryBudget(limit, peak, build)
+    on_cpu = (memory.get("measured") or {}).get("device_type") == "cpu"
     host = host or hostmem.read()
     held = hostmem.held_bytes() if held is None else held
-    shared = min(hostmem.shared_bytes() if shared is None else shared, peak, overhead or peak)
+    shared = hostmem.shared_bytes() if shared is None else shared
     if host.available_bytes is None:
-        return MemoryBudget(limit, peak, build, overhead)
-    need = peak - shared + checkpoint_bytes(trial)
-    what = ("the recovery check's restoring process (the trial's peak less the libraries it shares, + its host "
-            "copy of the checkpoint) beside this one")
-    # Refused only where it cannot fit even with every page of the file cache given back: past the
-    # host's (or the cgroup's) whole memory less what this process holds of its own. Between that
-    # and what is available now, the page cache may give the rest: a warning, and one process at a time.
+        return MemoryBudget(limit, peak, build, overhead if on_cpu else 0)
+    if on_cpu:
+        shared = min(shared, peak, overhead or peak)
+        need = peak - shared + checkpoint_bytes(trial)
+        what = ("the recovery check's restoring process (the trial's peak less the libraries it shares, + its host "
+                "copy of the checkpoint) beside this one")
+    else:  # its imports and the framework's runtime on the host, as this process has them, and the copy
+        need = max(0, held - min(shared, held)) + checkpoint_bytes(trial)
+        what = ("the recovery check's restoring process on the host (a process like this one less the libraries "
+                "it shares, + its host copy of the checkpoint) beside this one")
+    refusal, warning = _host_verdict(held, need, host, what)
+    if on_cpu:
+        return MemoryBudget(held + host.available_bytes, held + need, build - shared, overhead - shared,
+                            refusal, warning)
+    return MemoryBudget(limit, peak, build, 0, refusal, warning, held + need, held + host.available_bytes)
+
+
+def _host_verdict(held: int, need: int, host: hostmem.HostMemory, what: str) -> tuple[str | None, str | None]:
+    """(refusal, warning) for a restoring process that needs ``need`` beside this process (``held``).
+    Refused only where it cannot fit even with every page of the file cache given back: past the
+    host's (or the cgroup's) whole memory less what this process holds of its own. Between that
+    and what is available now the page cache may give the rest: a warning, and one process at a time."""
     whole = (None if host.total_bytes is None else
              replace(host, available_bytes=max(0, host.total_bytes - held),
                      available_source=f"{host.total_source}, less this process's RSS"))
     sure = hostmem.check(held + need, held, what, whole) if whole else hostmem.Check(None, None)
+    if sure.refusal:
+        return sure.refusal, None
     now = hostmem.check(held + need, held, what, host)
     warning = now.warning or (f"{now.figures}; the file cache may give the rest: its processes run one after "
                               "another, and the kernel may still kill one" if now.over else None)
-    return MemoryBudget(held + host.available_bytes, held + need, build - shared, overhead - shared,
-                        sure.refusal, None if sure.refusal else warning)
+    return None, warning
 
 
 def room_to_start(start_bytes: int, host: hostmem.HostMemory | None = None, held: int | None = None) -> bool:
