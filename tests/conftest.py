@@ -7,6 +7,8 @@
   (tests/fixtures/manifests/h200-trial-llama-1b.toml), to re-sign with ``test_signer``.
 - ``sign_body``: sign any bytes as a manifest body, bypassing `capture sign`'s own checks, as an
   attacker with a trusted key (or ssh-keygen) could.
+- ``cgroup_1500m``: the procs file of a real 1.5 GB memory cgroup (tests/memory_cgroups.py), for
+  the trials run under a host memory limit; skipped where none can be made.
 - ``tiny_cpu_trial``: one real tiny trial on this CPU (no recovery, no report, 2.5 an hour, a target of
   1e6 tokens), run once per test session even across pytest-xdist workers; the readers' tests copy it.
 
@@ -22,7 +24,7 @@ import fcntl
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,3 +120,13 @@ def tiny_cpu_trial(tmp_path_factory: pytest.TempPathFactory) -> TinyTrial:
                                   cwd=work, env=env, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0 and out.exists(), proc.stderr[-2000:]
     return TinyTrial(out, allowed)
+
+
+@pytest.fixture()
+def cgroup_1500m() -> Iterator[Path]:
+    from memory_cgroups import held_cgroup
+
+    for procs in held_cgroup(1500 * 2**20):
+        if procs is None:
+            pytest.skip("no memory cgroup can be made here (needs root and a writable /sys/fs/cgroup)")
+        yield procs

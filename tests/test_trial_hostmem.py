@@ -13,13 +13,11 @@ real thing: a trial inside a memory cgroup made for the test, and a container wi
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
+from memory_cgroups import in_cgroup
 
 from capture.trial import hostmem
 
@@ -201,48 +199,6 @@ def test_search_limit_is_what_the_process_can_get_when_that_is_less():
 # --------------------------------------------------------------------------- real cgroups
 
 
-def _memory_cgroup(limit_bytes: int) -> tuple[Path, Path] | None:
-    """A new memory cgroup limited to ``limit_bytes`` (v1 or v2): (its procs file, its folder),
-    None where this process may not make one (not root, a read-only /sys/fs/cgroup)."""
-    name = f"capture-test-{uuid.uuid4().hex[:8]}"
-    for parent, limit_file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
-                               (Path("/sys/fs/cgroup"), "memory.max")):
-        if not (parent / limit_file).exists() and not (parent / "cgroup.subtree_control").exists():
-            continue
-        group = parent / name
-        try:
-            if limit_file == "memory.max" and "memory" not in (parent / "cgroup.subtree_control").read_text().split():
-                continue
-            group.mkdir()
-            (group / limit_file).write_text(str(limit_bytes))
-            return group / "cgroup.procs", group
-        except OSError:
-            if group.is_dir():
-                group.rmdir()
-    return None
-
-
-@pytest.fixture
-def cgroup_1500m():
-    made = _memory_cgroup(1500 * MIB)
-    if made is None:
-        pytest.skip("no memory cgroup can be made here (needs root and a writable /sys/fs/cgroup)")
-    yield made[0]
-    for _ in range(50):  # the group can be removed once its last process is gone
-        try:
-            made[1].rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
-def _in_cgroup(procs: Path, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    def enter() -> None:
-        procs.write_text(str(os.getpid()))
-
-    return subprocess.run(args, preexec_fn=enter, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
 @pytest.mark.slow
 def test_a_cpu_trial_past_its_cgroup_stops_before_the_step_or_the_build_with_a_manifest(tmp_path, cgroup_1500m):
     """Before this check, the tiny example at micro-batch 4096 (estimate 25.6 GiB) in a 1.5 GB
@@ -255,7 +211,7 @@ def test_a_cpu_trial_past_its_cgroup_stops_before_the_step_or_the_build_with_a_m
     for example, extra, failed_at in (("tiny", ["--micro-batch", "4096"], "training step 1 of 23 (not started: estimated)"),
                                       ("llama-3.1-8b-lora", [], "building the model")):
         out = tmp_path / f"{example}.toml"
-        proc = _in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", example, *extra,
+        proc = in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", example, *extra,
                                          "--no-preflight", "--no-report", "-o", str(out)], tmp_path, env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr and "killed by the kernel" in proc.stderr

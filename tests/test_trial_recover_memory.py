@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trial_hostmem import _in_cgroup, cgroup_1500m  # noqa: F401  (a fixture)
+from memory_cgroups import in_cgroup
 from test_trial_recover import CPU, _config
 
 from capture.trial import hostmem, recover
@@ -160,7 +160,7 @@ def test_a_refused_stage_runs_nothing_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_in_a_cgroup_the_stage_is_never_killed(tmp_path, cgroup_1500m):  # noqa: F811  (the fixture)
+def test_in_a_cgroup_the_stage_is_never_killed(tmp_path, cgroup_1500m):
     """In a 1.5 GB cgroup, the tiny example at micro-batch 80 (steps at about 1.2 GB): before,
     the restoring process was started beside the trial process and a second one's imports and
     was killed (SIGKILL, "failed"). Now the stage runs its processes as the host allows, or says
@@ -168,7 +168,7 @@ def test_in_a_cgroup_the_stage_is_never_killed(tmp_path, cgroup_1500m):  # noqa:
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), PYTHONUNBUFFERED="1")
     env.pop("CAPTURE_KEY", None)
     out = tmp_path / "run.toml"
-    proc = _in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", "tiny", "--micro-batch",
+    proc = in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", "tiny", "--micro-batch",
                                      "80", "--no-preflight", "--no-report", "-o", str(out)], tmp_path, env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     trial = tomllib.loads(out.read_text())["trial"]

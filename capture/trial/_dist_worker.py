@@ -342,7 +342,7 @@ def apply_memory_limit(device: Any, limit: int) -> dict[str, Any]:
     from capture.trial import devmem
 
     state.release_memory(device)
-    base = devmem._status_kib("VmData") or 0
+    base = devmem.data_bytes() or 0
     _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     cap = base + limit if hard == resource.RLIM_INFINITY else min(hard, base + limit)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))

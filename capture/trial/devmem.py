@@ -21,30 +21,38 @@ from typing import Any
 MIB = 1 << 20
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(*fields: str) -> list[int | None]:
+    """Fields of /proc/self/status in bytes (its ``kB`` figures), read in one go; None for each
+    one that is missing or where the file cannot be read."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
-            m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
+            text = f.read()
     except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
+        return [None] * len(fields)
+    found = (re.search(rf"^{field}:\s+(\d+) kB", text, re.M) for field in fields)
+    return [int(m.group(1)) * 1024 if m else None for m in found]
 
 
 def rss_bytes() -> int | None:
     """Resident set size of this process now."""
-    return _status_kib("VmRSS")
+    return _status_kib("VmRSS")[0]
 
 
 def file_rss_bytes() -> int | None:
     """The file-backed and shared part of this process's RSS now (``RssFile`` + ``RssShmem``): the
     libraries' pages, which a child process that maps the same files shares (charged once)."""
-    parts = [_status_kib("RssFile"), _status_kib("RssShmem")]
-    return None if parts[0] is None else sum(p or 0 for p in parts)
+    file, shmem = _status_kib("RssFile", "RssShmem")
+    return None if file is None else file + (shmem or 0)
+
+
+def data_bytes() -> int | None:
+    """This process's data segment now (``VmData``: what ``RLIMIT_DATA`` bounds)."""
+    return _status_kib("VmData")[0]
 
 
 def peak_rss_bytes() -> int | None:
     """Peak resident set size (VmHWM) since start or the last :func:`reset_peak_rss`."""
-    return _status_kib("VmHWM")
+    return _status_kib("VmHWM")[0]
 
 
 def reset_peak_rss() -> bool:
