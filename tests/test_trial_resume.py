@@ -21,7 +21,7 @@ import torch
 
 from tiny_configs import gpt2_model
 
-from capture.trial import checkpoint_io, recover, state
+from capture.trial import checkpoint_io, hostmem, recover, state
 from capture.trial.config import TrialConfig, parse
 from capture.trial.workload import build_workload
 
@@ -444,7 +444,10 @@ def test_early_builds_follow_the_measured_memory():
     assert not dataclasses.replace(budget, build_bytes=0).fits_early_build()
     trial = {"fit": {"limit_bytes": 100, "usable_bytes": 90, "measured_bytes": 60},
              "memory": {"estimate": {"weights": {"bytes": 15}}, "framework_overhead_bytes": 5}}
-    assert recover.budget_from_trial(trial) == budget
+    blind = hostmem.HostMemory(None, "", None, "")  # the host's side: tests/test_trial_recover_memory.py
+    assert recover.budget_from_trial(trial, blind) == budget
+    roomy = recover.budget_from_trial(trial, hostmem.HostMemory(2**40, "t", 2**39, "a"), held=2**30, shared=2**29)
+    assert dataclasses.replace(roomy, host_need_bytes=None, host_limit_bytes=None) == budget
     assert recover.budget_from_trial({"fit": {"fits": False}}) is None
     # the 8B LoRA on one H200: 111 GiB measured, 16 GB of bf16 weights, a 651 MB context
     h200 = recover.MemoryBudget(150_754_820_096, 111 * 2**30, 16_060_000_000 + 651_000_000)
