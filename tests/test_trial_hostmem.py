@@ -13,6 +13,7 @@ real thing: a trial inside a memory cgroup made for the test, and a container wi
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -247,3 +248,40 @@ def test_a_container_with_a_memory_limit_reads_it(tmp_path):
     total, avail, source = out.decode().split(maxsplit=2)
     assert int(total) == 300 * MIB and 0 < int(avail) <= 300 * MIB
     assert source.strip().startswith("memory cgroup limit (/sys/fs/cgroup/") and "below MemTotal" in source
+
+
+# --------------------------------------------------------------------------- scratch held in memory
+
+
+def _stat_fs(path: Path) -> str:
+    """The filesystem type as coreutils' ``stat -f`` names it, of the nearest existing folder."""
+    while not path.exists():
+        path = path.parent
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_memory_backed_agrees_with_stat_on_this_machines_mounts(tmp_path):
+    """Differential against coreutils' ``stat -f`` (statfs): whichever of these paths lie on a
+    tmpfs or ramfs here, and through a link into one."""
+    link = tmp_path / "to-shm"
+    link.symlink_to("/dev/shm")
+    paths = [Path("/"), Path("/dev/shm"), Path("/dev/shm/capture-not-made/x"), Path("/proc"), Path("/sys/fs/cgroup"),
+             tmp_path, link / "x", Path("/run"), Path("/tmp")]
+    for path in paths:
+        fs = _stat_fs(path)
+        assert hostmem.memory_backed(path) == (fs if fs in hostmem.MEMORY_FILESYSTEMS else None), (path, fs)
+
+
+def test_memory_backed_reads_the_mount_on_top_and_escaped_points(tmp_path):
+    docker = (FIX / "container/docker-20.10-cgroupv1-bookworm/proc/self/mountinfo").read_text()
+    root = _tree(tmp_path, "", docker + "200 91 0:60 / /dev/shm/big rw - ext4 /dev/sdb rw\n"
+                                        "201 76 0:61 / /mnt/my\\040scratch rw - ramfs none rw\n"
+                                        "202 76 0:62 / /srv rw - tmpfs tmpfs rw\n"
+                                        "203 202 0:63 / /srv rw - xfs /dev/sdc rw\n", {})
+    assert hostmem.memory_backed("/dev/shm/cw/recovery", root) == "tmpfs"  # docker's 64 MB shm
+    assert hostmem.memory_backed("/dev/shm/big/cw", root) is None  # a disk mounted inside it
+    assert hostmem.memory_backed("/mnt/my scratch/cw", root) == "ramfs"
+    assert hostmem.memory_backed("/mnt/my", root) is None  # not a prefix by characters alone
+    assert hostmem.memory_backed("/srv/cw", root) is None  # an xfs mounted over the tmpfs: the top one
+    assert hostmem.memory_backed("/work", tmp_path / "nothing") is None  # no mountinfo: not known, not in memory

@@ -76,6 +76,30 @@ def test_on_a_device_the_device_decides_and_the_host_holds_the_checkpoint_copy()
     assert "host_need_bytes" not in blind.to_manifest()
 
 
+def test_a_scratch_folder_held_in_memory_counts_the_checkpoint_file_too(tmp_path, monkeypatch):
+    """``--workdir /dev/shm/...``: the checkpoint file takes the host's memory beside the copy read
+    from it. On this machine's own mounts (tmp_path, wherever it lies: the figure follows what
+    hostmem.memory_backed says, tested against ``stat -f``), then on a tmpfs as given."""
+    held, shared, ckpt = 3 * GIB, GIB, 40 * GIB
+    trial, host = _trial("cuda", 60 * GIB, checkpoint=ckpt), _host(256 * GIB, 200 * GIB)
+    here = budget_from_trial(trial, host, held, shared, scratch=tmp_path)
+    fs = hostmem.memory_backed(tmp_path)
+    assert here is not None and here.scratch_in_memory == fs
+    assert here.host_need_bytes == held + (held - shared) + ckpt * (2 if fs else 1)
+
+    monkeypatch.setattr(hostmem, "memory_backed", lambda path, root=None: "tmpfs")
+    shm = budget_from_trial(trial, host, held, shared, scratch=Path("/dev/shm/cw/.capture-trial-x"))
+    assert shm is not None and shm.host_need_bytes == held + (held - shared) + 2 * ckpt
+    assert shm.to_manifest()["scratch_in_memory"] == "tmpfs" and shm.refusal is None
+    # an 80 GiB container: the process with its copy (42 GiB) fits, with the file beside it (82 GiB) not
+    over = budget_from_trial(trial, _host(80 * GIB, 70 * GIB), held, shared, scratch=Path("/dev/shm/cw\nx"))
+    assert over is not None and over.refusal is not None
+    assert "checkpoint file in the scratch folder, held in memory (tmpfs: /dev/shm/cw\\nx)" in over.refusal
+    cpu = budget_from_trial(_trial("cpu", GIB), _host(16 * GIB, 12 * GIB), 400 * MIB, 100 * MIB,
+                            scratch=Path("/dev/shm/cw"))
+    assert cpu is not None and cpu.peak_bytes == 400 * MIB + GIB - 100 * MIB + 2 * 50 * MIB
+
+
 def test_the_checkpoint_is_as_written_else_from_the_estimate():
     assert checkpoint_bytes(_trial("cpu", GIB)) == 50 * MIB
     assert checkpoint_bytes(_trial("cpu", GIB, checkpoint=None)) == 40 * MIB + 80 * MIB

@@ -21,6 +21,7 @@ or one at or above 2**62 (v1's "no limit", 9223372036854771712) is no limit.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,29 @@ def _groups(root: Path) -> list[_Group]:
             group = top
         out.append(_Group(version, group, top))
     return out
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+"""Filesystems whose files are held in memory (``/dev/shm``, a tmpfs ``/tmp``): a file written
+there takes what a process could have had, and the kernel cannot reclaim it to disk."""
+
+
+def memory_backed(path: str | os.PathLike[str], root: Path | None = None) -> str | None:
+    """The filesystem type of ``path`` (as far as it exists, links resolved) where its files are
+    held in memory (:data:`MEMORY_FILESYSTEMS`), else None: the mount in /proc/self/mountinfo with
+    the longest mount point above it, the last one where several share that point (the one on top)."""
+    mountinfo = _read((root or Path("/")) / "proc/self/mountinfo") or ""
+    target = os.path.realpath(path)
+    best, fstype = -1, ""
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, after = left.split(" "), right.split(" ")
+        if not sep or len(fields) < 5 or not after[0]:
+            continue
+        point = _unescape(fields[4])
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= best:
+            best, fstype = len(point), after[0]
+    return fstype if fstype in MEMORY_FILESYSTEMS else None
 
 
 @dataclass(frozen=True)

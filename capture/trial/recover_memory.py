@@ -18,12 +18,17 @@ process reads the checkpoint once into host memory and keeps that copy for all i
 often far below that. Its need is a process like this one (less the libraries it shares) plus the
 copy; past the host's whole memory the stage is skipped, past what is available now (or within
 25 % of it) its processes run one after another.
+
+Where the trial's scratch is held in memory (``--workdir /dev/shm/...``, a tmpfs), the checkpoint
+file takes the host's memory too, beside the copy read from it (and the first restoring process
+writes the resumed run's checkpoint there while it holds the copy): the need counts it once more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from capture.trial import hostmem
@@ -56,6 +61,9 @@ class MemoryBudget:
     host_limit_bytes: int | None = None
     """On an accelerator, what the trial process and its children can get of the host's memory
     (its RSS + what is available); on a CPU ``limit_bytes`` says it."""
+    scratch_in_memory: str | None = None
+    """The filesystem of the stage's scratch where its files are held in memory (tmpfs): the
+    checkpoint file is then counted in the host's need beside its copy."""
 
     MARGIN = 0.05
     """Kept free of the memory when two processes share it (allocator slack, workspaces)."""
@@ -77,7 +85,7 @@ class MemoryBudget:
         out: dict[str, Any] = {"limit_bytes": self.limit_bytes, "peak_bytes": self.peak_bytes,
                                "build_bytes": self.build_bytes, "start_bytes": self.start_bytes,
                                "early_build": self.fits_early_build(), "overlap": self.fits_overlap()}
-        for key in ("host_need_bytes", "host_limit_bytes", "refusal"):
+        for key in ("host_need_bytes", "host_limit_bytes", "scratch_in_memory", "refusal"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -101,12 +109,14 @@ def checkpoint_bytes(trial: Mapping[str, Any]) -> int:
 
 
 def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None = None,
-                      held: int | None = None, shared: int | None = None) -> MemoryBudget | None:
+                      held: int | None = None, shared: int | None = None,
+                      scratch: Path | None = None) -> MemoryBudget | None:
     """The budget from what the trial measured ([trial.fit], [trial.memory]); None when unknown.
     Also from the host's memory now (``host``; ``held``: this process's RSS; ``shared``: the part
     of it a child shares, the libraries' pages, which the host holds once; each read when not
     given), with the refusal where one restoring process does not fit: on a CPU it holds the
-    trial's peak, on an accelerator a process like this one; both the checkpoint's host copy."""
+    trial's peak, on an accelerator a process like this one; both the checkpoint's host copy, and
+    the checkpoint file itself where ``scratch`` (the stage's folder) is held in memory."""
     fit, memory = trial.get("fit") or {}, trial.get("memory") or {}
     weights = ((memory.get("estimate") or {}).get("weights") or {}).get("bytes")
     limit, peak = fit.get("limit_bytes"), fit.get("measured_bytes")
@@ -118,22 +128,32 @@ def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None 
     host = host or hostmem.read()
     held = hostmem.held_bytes() if held is None else held
     shared = hostmem.shared_bytes() if shared is None else shared
+    in_memory = hostmem.memory_backed(scratch) if scratch is not None else None
     if host.available_bytes is None:
-        return MemoryBudget(limit, peak, build, overhead if on_cpu else 0)
+        return MemoryBudget(limit, peak, build, overhead if on_cpu else 0, scratch_in_memory=in_memory)
+    ckpt = checkpoint_bytes(trial)
+    file = (f", + the checkpoint file in the scratch folder, held in memory ({in_memory}: "
+            f"{_shown(scratch)})" if in_memory else "")
     if on_cpu:
         shared = min(shared, peak, overhead or peak)
-        need = peak - shared + checkpoint_bytes(trial)
+        need = peak - shared + ckpt
         what = ("the recovery check's restoring process (the trial's peak less the libraries it shares, + its host "
-                "copy of the checkpoint) beside this one")
+                f"copy of the checkpoint{file}) beside this one")
     else:  # its imports and the framework's runtime on the host, as this process has them, and the copy
-        need = max(0, held - min(shared, held)) + checkpoint_bytes(trial)
+        need = max(0, held - min(shared, held)) + ckpt
         what = ("the recovery check's restoring process on the host (a process like this one less the libraries "
-                "it shares, + its host copy of the checkpoint) beside this one")
+                f"it shares, + its host copy of the checkpoint{file}) beside this one")
+    need += ckpt if in_memory else 0
     refusal, warning = _host_verdict(held, need, host, what)
     if on_cpu:
         return MemoryBudget(held + host.available_bytes, held + need, build - shared, overhead - shared,
-                            refusal, warning)
-    return MemoryBudget(limit, peak, build, 0, refusal, warning, held + need, held + host.available_bytes)
+                            refusal, warning, scratch_in_memory=in_memory)
+    return MemoryBudget(limit, peak, build, 0, refusal, warning, held + need, held + host.available_bytes, in_memory)
+
+
+def _shown(path: Path | None) -> str:
+    """A scratch folder as the stage's messages show it: its path, control characters escaped."""
+    return repr(str(path))[1:-1][:200]
 
 
 def _host_verdict(held: int, need: int, host: hostmem.HostMemory, what: str) -> tuple[str | None, str | None]:

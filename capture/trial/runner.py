@@ -545,8 +545,8 @@ def _recovery(config: TrialConfig, device: Any, workdir: Path, trial: dict[str, 
     from capture.trial.recover import budget_from_trial, run_recoverability
 
     try:
-        return run_recoverability(config, device, workdir, budget=budget_from_trial(trial), models=models,
-                                  progress=say, early=early)
+        budget = budget_from_trial(trial, scratch=workdir)
+        return run_recoverability(config, device, workdir, budget=budget, models=models, progress=say, early=early)
     except Exception as exc:  # a failed check is a result to record, not a reason to lose the others
         if isinstance(exc, CaptureError):
             raise
