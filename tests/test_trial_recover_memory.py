@@ -147,6 +147,9 @@ def test_room_to_start_is_the_imports_beside_this_process():
     assert room_to_start(200 * MIB, _host(GIB, 600 * MIB), held=300 * MIB)
     assert not room_to_start(200 * MIB, _host(GIB, 150 * MIB), held=300 * MIB)
     assert room_to_start(200 * MIB, hostmem.HostMemory(None, "", None, ""), held=300 * MIB)
+    # on an accelerator: a process like this one (held 3 GiB, 1 GiB of it the shared libraries)
+    assert room_to_start(None, _host(64 * GIB, 10 * GIB), held=3 * GIB, shared=GIB)
+    assert not room_to_start(None, _host(8 * GIB, GIB), held=3 * GIB, shared=GIB)
 
 
 # --------------------------------------------------------------------------- the stage as decided

@@ -173,10 +173,15 @@ def _host_verdict(held: int, need: int, host: hostmem.HostMemory, what: str) -> 
     return None, warning
 
 
-def room_to_start(start_bytes: int, host: hostmem.HostMemory | None = None, held: int | None = None) -> bool:
-    """On a CPU, whether a fresh process may start its imports now, beside this process as it is."""
+def room_to_start(start_bytes: int | None, host: hostmem.HostMemory | None = None, held: int | None = None,
+                  shared: int | None = None) -> bool:
+    """Whether a fresh process may start its imports now, beside this process as it is: on a CPU
+    ``start_bytes`` (the framework's overhead); on an accelerator (None) a process like this one
+    less the libraries they share, whose host memory is its imports and the runtime's."""
     host = host or hostmem.read()
     held = hostmem.held_bytes() if held is None else held
     if host.available_bytes is None:
         return True
+    if start_bytes is None:
+        start_bytes = max(0, held - min(held, hostmem.shared_bytes() if shared is None else shared))
     return held + start_bytes <= (1 - MemoryBudget.MARGIN) * (held + host.available_bytes)

@@ -528,14 +528,14 @@ def _start_early(config: TrialConfig, device: Any, workdir: Path, dm: Any, model
     work (capture.trial.recover.early_start says when): with the measured steps where they
     wait on an accelerator, cores are spare and the device gives per-process memory figures,
     else once they end, while validation, checkpoint and fit run. None where it is not this
-    moment's turn, nothing to start, or (a CPU) no room for their imports (``start_bytes``)."""
+    moment's turn, nothing to start, or no room on the host for their imports (a CPU's: ``start_bytes``)."""
     from capture.trial.recover import WITH_STEPS, early_start, start_early
     from capture.trial.recover_memory import room_to_start
 
     when = early_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
         return None
-    if device.type == "cpu" and not room_to_start(start_bytes):  # beside this process as it is now
+    if not room_to_start(start_bytes if device.type == "cpu" else None):  # the host's, beside this process now
         return None
     return start_early(config, device, workdir, models, when=when)
 
