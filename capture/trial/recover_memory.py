@@ -51,7 +51,7 @@ class MemoryBudget:
     """What a fresh process holds before it builds: on a CPU its imports (the framework's
     overhead); 0 on a device, where the imports take none of its memory."""
     refusal: str | None = None
-    """On a CPU, where one restoring process beside the trial process is past what the host gives."""
+    """Where one restoring process beside the trial process is past what the host gives (the stage is skipped)."""
     warning: str | None = None
     """Where it is within the estimate's tolerance of it (the kernel may kill it)."""
     host_need_bytes: int | None = None
