@@ -285,3 +285,38 @@ def test_memory_backed_reads_the_mount_on_top_and_escaped_points(tmp_path):
     assert hostmem.memory_backed("/mnt/my", root) is None  # not a prefix by characters alone
     assert hostmem.memory_backed("/srv/cw", root) is None  # an xfs mounted over the tmpfs: the top one
     assert hostmem.memory_backed("/work", tmp_path / "nothing") is None  # no mountinfo: not known, not in memory
+
+
+# --------------------------------------------------------------------------- the scaling step's ranks
+
+
+def test_before_ranks_counts_each_rank_and_the_agent_less_what_they_share():
+    host = hostmem.HostMemory(8 * GIB, "t", 2 * GIB, "memory cgroup limit less its working set (t)")
+    # a CPU: 350 MiB measured once imported, 100 of it the libraries: 250 each, 9 processes for 8 ranks
+    assert hostmem.before_ranks(2, 350 * MIB, host, held=400 * MIB, shared=100 * MIB) is None
+    refusal = hostmem.before_ranks(8, 350 * MIB, host, held=400 * MIB, shared=100 * MIB)
+    assert refusal is not None and "8 rank process(es) and torchrun's agent, each 250.00 MiB" in refusal
+    assert "is 2.59 GiB; this process can get 2.39 GiB" in refusal  # 400 MiB + 9 x 250 MiB against 400 MiB + 2 GiB
+    # an accelerator: a process like this one (3 GiB held, 1 GiB shared): 2 GiB each
+    assert hostmem.before_ranks(1, None, hostmem.HostMemory(64 * GIB, "t", 8 * GIB, "a"), 3 * GIB, GIB) is None
+    assert hostmem.before_ranks(8, None, hostmem.HostMemory(64 * GIB, "t", 8 * GIB, "a"), 3 * GIB, GIB) is not None
+    assert hostmem.before_ranks(64, None, hostmem.HostMemory(None, "", None, ""), 3 * GIB, GIB) is None  # not known
+
+
+@pytest.mark.slow
+def test_ranks_the_host_cannot_hold_are_not_launched(tmp_path, cgroup_1500m):
+    """Before this check, the tiny example's scaling step with four (or eight) CPU ranks in a
+    1.5 GB cgroup was not killed: its ranks thrashed, the launch hung until ``timeout`` stopped it
+    (240 and 400 s). Now it ends at once with exit 2, the figures and a hint, and leaves no scratch.
+    Eight ranks: about 2.5 GB of imports against 1.5, far from the line on any torch build."""
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), PYTHONUNBUFFERED="1")
+    env.pop("CAPTURE_KEY", None)
+    out = tmp_path / "scaling.toml"
+    proc = in_cgroup(cgroup_1500m, [sys.executable, "-m", "capture", "trial", "--example", "tiny", "--nproc", "8",
+                                    "--no-recovery", "--no-preflight", "--no-report", "-o", str(out)], tmp_path, env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "scaling: measure:" not in proc.stderr  # no rank was started
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("error: "))
+    assert error.startswith("error: scaling: not launched: 8 rank process(es) and torchrun's agent, each ")
+    assert "memory cgroup limit" in error and "hint: run fewer ranks (--nproc)" in proc.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".capture")) == []

@@ -300,3 +300,23 @@ def search_limit(limit: int, source: str, host: HostMemory | None = None) -> tup
     if host.available_bytes is not None and held + host.available_bytes < limit:
         return held + host.available_bytes, f"this process's RSS + available ({host.available_source}), below {source}"
     return limit, source
+
+
+def before_ranks(nproc: int, start_bytes: int | None, host: HostMemory | None = None, held: int | None = None,
+                 shared: int | None = None) -> str | None:
+    """Before the scaling step launches ``nproc`` ranks on this host (and torchrun's agent, which
+    imports the framework too): their imports beside this process against what the host gives;
+    the refusal, or None. ``start_bytes``: what one holds once imported, on a CPU the framework's
+    overhead as measured; None on an accelerator, where it is a process like this one (the
+    runtime's host memory). Less the libraries each shares with this one either way. Measured in a
+    1.5 GB memory cgroup: the tiny example's eight CPU ranks were not killed but thrashed, the
+    libraries' pages read again and again, and the launch hung (stopped by ``timeout`` after 400 s)."""
+    from capture.fmt import bytes_str
+
+    held = held_bytes() if held is None else held
+    shared = shared_bytes() if shared is None else shared
+    own = held if start_bytes is None else start_bytes
+    each = max(0, own - min(shared, own))
+    what = (f"{nproc} rank process(es) and torchrun's agent, each {bytes_str(each)} once imported (less the "
+            "libraries they share), beside this one")
+    return check(held + (nproc + 1) * each, held, what, host, within=0.0).refusal

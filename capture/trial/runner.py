@@ -357,7 +357,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             with timer.phase("scaling"):
                 from capture.trial.scaling import run_scaling
 
-                manifest["scaling"] = run_scaling(config, opts.scaling, workdir)
+                manifest["scaling"] = run_scaling(config, opts.scaling, workdir, start_bytes=overhead)
 
         stats = trial.get("stats", {})
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)

@@ -461,12 +461,14 @@ def measure_job(config: Any, args: ScalingOptions, plan: BatchPlan, base: Path, 
 
 
 def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[str],
-                timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S) -> dict[str, Any]:
+                timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S, start_bytes: int | None = None) -> dict[str, Any]:
     """Run the scaling step and return the ``[scaling]`` table.
 
     ``args`` holds the flags of :func:`add_arguments` (``nproc`` must be set). Raises a
     :class:`CaptureError` subclass for bad flags, a batch that cannot be split, or a failed launch.
-    Out of memory (one device, a shape) is a result in the table, not an error.
+    Out of memory (one device, a shape) is a result in the table, not an error. ``start_bytes``:
+    what a rank holds of the host's memory once imported (capture.trial.hostmem.before_ranks);
+    where the host cannot hold this node's ranks, nothing is launched.
     """
     from capture.trial.scaling_table import EFFICIENCY_DEFINITION, memory_limit_how, results_tables
     from capture.trial.workload import resolve_device
@@ -484,6 +486,12 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
         raise UsageError(f"--dist-dir: cannot create {base} ({exc.strerror})", "name a writable folder") from None
     for stale in list(base.glob("result-*.json*")):
         stale.unlink()
+    from capture.trial.hostmem import before_ranks
+
+    refusal = before_ranks(args.nproc, start_bytes if device_type == "cpu" else None)
+    if refusal:
+        raise LaunchFailed(f"scaling: not launched: {refusal}",
+                           "run fewer ranks (--nproc), or give the trial more memory (a container's --memory)")
     env, added = child_environment(device_type, args.nproc)
     notes: list[str] = []
     if device_type == "cpu" and args.nproc > (os.cpu_count() or 1):
