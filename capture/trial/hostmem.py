@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from capture.probes.host import host_root, parse_meminfo_bytes
 
@@ -79,6 +79,30 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+@dataclass(frozen=True)
+class _Mount:
+    root: str  # the mounted folder of its filesystem
+    point: str  # where it is mounted
+    fstype: str
+    options: list[str] | None  # the super options; None where the line has none
+
+
+def _mounts(mountinfo: str) -> Iterator[_Mount]:
+    """The lines of /proc/self/mountinfo (``ID PARENT MAJ:MIN ROOT POINT ... - FSTYPE SOURCE
+    SUPER-OPTIONS``), escapes undone; a line without its five fields or its type is left out."""
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, after = left.split(" "), right.split(" ")
+        if sep and len(fields) >= 5 and after[0]:
+            yield _Mount(_unescape(fields[3]), _unescape(fields[4]), after[0],
+                         after[2].split(",") if len(after) >= 3 else None)
+
+
+def _under(path: str, top: str) -> bool:
+    """``path`` is ``top`` or below it, by whole names (``/mnt/my scratch`` is not below ``/mnt/my``)."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def _groups(root: Path) -> list[_Group]:
     """This process's memory cgroup(s): its v2 group and its v1 memory-controller group, each
     under the mount of its hierarchy (a v2 group without memory files, as in a hybrid layout,
@@ -95,22 +119,18 @@ def _groups(root: Path) -> list[_Group]:
         elif "memory" in controllers.split(",") and path.startswith("/"):
             paths[1] = path
     out: list[_Group] = []
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, after = left.split(" "), right.split(" ")
-        if not sep or len(fields) < 5 or len(after) < 3:
+    for mount in _mounts(mountinfo):
+        if mount.options is None:
             continue
-        fstype, options = after[0], after[2].split(",")
-        version = 2 if fstype == "cgroup2" else 1 if fstype == "cgroup" and "memory" in options else 0
+        version = 2 if mount.fstype == "cgroup2" else 1 if mount.fstype == "cgroup" and "memory" in mount.options else 0
         if version not in paths:
             continue
         path = paths.pop(version)
-        mount_root, mount_point = _unescape(fields[3]), _unescape(fields[4])
-        rel = path[len(mount_root):] if path == mount_root or path.startswith(mount_root.rstrip("/") + "/") else ""
+        rel = path[len(mount.root):] if _under(path, mount.root) else ""
         parts = [p for p in rel.split("/") if p]
         if any(p in (".", "..") for p in parts):
             continue
-        top = root / mount_point.lstrip("/")
+        top = root / mount.point.lstrip("/")
         group = top.joinpath(*parts)
         if not group.is_dir():  # a group the mount does not show (no cgroup namespace): the mount's own
             group = top
@@ -130,14 +150,9 @@ def memory_backed(path: str | os.PathLike[str], root: Path | None = None) -> str
     mountinfo = _read((root or Path("/")) / "proc/self/mountinfo") or ""
     target = os.path.realpath(path)
     best, fstype = -1, ""
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, after = left.split(" "), right.split(" ")
-        if not sep or len(fields) < 5 or not after[0]:
-            continue
-        point = _unescape(fields[4])
-        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= best:
-            best, fstype = len(point), after[0]
+    for mount in _mounts(mountinfo):
+        if _under(target, mount.point) and len(mount.point) >= best:
+            best, fstype = len(mount.point), mount.fstype
     return fstype if fstype in MEMORY_FILESYSTEMS else None
 
 
@@ -262,6 +277,15 @@ def shared_bytes() -> int:
     return file_rss_bytes() or 0
 
 
+def fresh_process_bytes(start_bytes: int | None, held: int, shared: int) -> int:
+    """What a fresh process of the trial's own (a recovery worker, a scaling rank) holds of the
+    host's memory once imported, less the libraries' pages it shares with this one (``shared``):
+    ``start_bytes`` where measured (a CPU: the framework's overhead); None on an accelerator, where
+    it is a process like this one (``held``: its imports and the runtime's host memory)."""
+    own = held if start_bytes is None else start_bytes
+    return max(0, own - min(shared, own))
+
+
 def _said(verdict: Check, say: Callable[[str], None]) -> str | None:
     from capture.termtable import say_wrapped
 
@@ -314,9 +338,7 @@ def before_ranks(nproc: int, start_bytes: int | None, host: HostMemory | None = 
     from capture.fmt import bytes_str
 
     held = held_bytes() if held is None else held
-    shared = shared_bytes() if shared is None else shared
-    own = held if start_bytes is None else start_bytes
-    each = max(0, own - min(shared, own))
+    each = fresh_process_bytes(start_bytes, held, shared_bytes() if shared is None else shared)
     what = (f"{nproc} rank process(es) and torchrun's agent, each {bytes_str(each)} once imported (less the "
             "libraries they share), beside this one")
     return check(held + (nproc + 1) * each, held, what, host, within=0.0).refusal

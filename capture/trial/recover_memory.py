@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from capture._escape import printable
 from capture.trial import hostmem
 
 
@@ -133,14 +134,14 @@ def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None 
         return MemoryBudget(limit, peak, build, overhead if on_cpu else 0, scratch_in_memory=in_memory)
     ckpt = checkpoint_bytes(trial)
     file = (f", + the checkpoint file in the scratch folder, held in memory ({in_memory}: "
-            f"{_shown(scratch)})" if in_memory else "")
+            f"{printable(scratch)[:200]})" if in_memory else "")
     if on_cpu:
         shared = min(shared, peak, overhead or peak)
         need = peak - shared + ckpt
         what = ("the recovery check's restoring process (the trial's peak less the libraries it shares, + its host "
                 f"copy of the checkpoint{file}) beside this one")
     else:  # its imports and the framework's runtime on the host, as this process has them, and the copy
-        need = max(0, held - min(shared, held)) + ckpt
+        need = hostmem.fresh_process_bytes(None, held, shared) + ckpt
         what = ("the recovery check's restoring process on the host (a process like this one less the libraries "
                 f"it shares, + its host copy of the checkpoint{file}) beside this one")
     need += ckpt if in_memory else 0
@@ -150,10 +151,6 @@ def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None 
                             refusal, warning, scratch_in_memory=in_memory)
     return MemoryBudget(limit, peak, build, 0, refusal, warning, held + need, held + host.available_bytes, in_memory)
 
-
-def _shown(path: Path | None) -> str:
-    """A scratch folder as the stage's messages show it: its path, control characters escaped."""
-    return repr(str(path))[1:-1][:200]
 
 
 def _host_verdict(held: int, need: int, host: hostmem.HostMemory, what: str) -> tuple[str | None, str | None]:
@@ -183,5 +180,5 @@ def room_to_start(start_bytes: int | None, host: hostmem.HostMemory | None = Non
     if host.available_bytes is None:
         return True
     if start_bytes is None:
-        start_bytes = max(0, held - min(held, hostmem.shared_bytes() if shared is None else shared))
+        start_bytes = hostmem.fresh_process_bytes(None, held, hostmem.shared_bytes() if shared is None else shared)
     return held + start_bytes <= (1 - MemoryBudget.MARGIN) * (held + host.available_bytes)

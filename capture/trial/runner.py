@@ -241,6 +241,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
                 overhead = max(0, (devmem.rss_bytes() or 0) - wl.tensor_bytes())
                 overhead_src = ("RSS after the model and data were built, less their tensors' bytes "
                                 "(interpreter, libraries, allocator slack)")
+        host_start = overhead if device.type == "cpu" else None  # a fresh process's host memory (hostmem)
         weights_measured = None
         if wl is not None:
             weights_measured = (devmem.allocated_bytes(device) - allocated_before if device.type == "cuda"
@@ -268,7 +269,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             w, n = config.warmup_steps, config.measured_steps
             if opts.recovery and config.recovery.enabled and short is None:
                 early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=True,
-                                     start_bytes=overhead or 0)
+                                     start_bytes=host_start)
             if short is None:
                 say(f"{w} warm-up + {n} measured steps of {wl.tokens_per_step} tokens")
             with timer.phase("steps"):
@@ -311,7 +312,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
 
             if oom is None and opts.recovery and config.recovery.enabled and early is None:
                 early = _start_early(config, device, workdir, dm, manifest.get("models"), with_steps=False,
-                                     start_bytes=overhead or 0)
+                                     start_bytes=host_start)
             if oom is None:
                 with timer.phase("validation"):
                     trial["validation"] = _validation(wl, config, device)
@@ -357,7 +358,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
             with timer.phase("scaling"):
                 from capture.trial.scaling import run_scaling
 
-                manifest["scaling"] = run_scaling(config, opts.scaling, workdir, start_bytes=overhead)
+                manifest["scaling"] = run_scaling(config, opts.scaling, workdir, start_bytes=host_start)
 
         stats = trial.get("stats", {})
         projection = _projection(opts, stats, trial, tokens_per_step, train_tokens_in_data, config, timer)
@@ -523,19 +524,20 @@ def _fit_table(oom: str | None, failed_at: str | None, measured: dict[str, Any] 
 
 
 def _start_early(config: TrialConfig, device: Any, workdir: Path, dm: Any, models: Any,
-                 with_steps: bool, start_bytes: int = 0) -> EarlyWorkers | None:
+                 with_steps: bool, start_bytes: int | None = None) -> EarlyWorkers | None:
     """The recovery stage's fresh processes, started early so that their imports overlap other
     work (capture.trial.recover.early_start says when): with the measured steps where they
     wait on an accelerator, cores are spare and the device gives per-process memory figures,
     else once they end, while validation, checkpoint and fit run. None where it is not this
-    moment's turn, nothing to start, or no room on the host for their imports (a CPU's: ``start_bytes``)."""
+    moment's turn, nothing to start, or no room on the host for their imports (``start_bytes``: a
+    CPU's measured overhead, None: a process like this one)."""
     from capture.trial.recover import WITH_STEPS, early_start, start_early
     from capture.trial.recover_memory import room_to_start
 
     when = early_start(device, process_figures=dm.process_bytes(os.getpid()) is not None)
     if (when == WITH_STEPS) != with_steps:
         return None
-    if not room_to_start(start_bytes if device.type == "cpu" else None):  # the host's, beside this process now
+    if not room_to_start(start_bytes):  # the host's, beside this process as it is now
         return None
     return start_early(config, device, workdir, models, when=when)
 

@@ -467,8 +467,9 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     ``args`` holds the flags of :func:`add_arguments` (``nproc`` must be set). Raises a
     :class:`CaptureError` subclass for bad flags, a batch that cannot be split, or a failed launch.
     Out of memory (one device, a shape) is a result in the table, not an error. ``start_bytes``:
-    what a rank holds of the host's memory once imported (capture.trial.hostmem.before_ranks);
-    where the host cannot hold this node's ranks, nothing is launched.
+    what a rank holds of the host's memory once imported (a CPU's measured overhead; None: a
+    process like this one, capture.trial.hostmem.fresh_process_bytes); where the host cannot hold
+    this node's ranks, nothing is made or launched.
     """
     from capture.trial.scaling_table import EFFICIENCY_DEFINITION, memory_limit_how, results_tables
     from capture.trial.workload import resolve_device
@@ -479,6 +480,12 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
     device_type = resolve_device(config.device).type
     rec = config.recovery
 
+    from capture.trial.hostmem import before_ranks
+
+    refusal = before_ranks(args.nproc, start_bytes)  # before anything is made or launched
+    if refusal:
+        raise LaunchFailed(f"scaling: not launched: {refusal}",
+                           "run fewer ranks (--nproc), or give the trial more memory (a container's --memory)")
     base = Path(args.dist_dir) if args.dist_dir else Path(workdir) / "scaling"
     try:
         base.mkdir(parents=True, exist_ok=True)
@@ -486,12 +493,6 @@ def run_scaling(config: Any, args: ScalingOptions, workdir: str | os.PathLike[st
         raise UsageError(f"--dist-dir: cannot create {base} ({exc.strerror})", "name a writable folder") from None
     for stale in list(base.glob("result-*.json*")):
         stale.unlink()
-    from capture.trial.hostmem import before_ranks
-
-    refusal = before_ranks(args.nproc, start_bytes if device_type == "cpu" else None)
-    if refusal:
-        raise LaunchFailed(f"scaling: not launched: {refusal}",
-                           "run fewer ranks (--nproc), or give the trial more memory (a container's --memory)")
     env, added = child_environment(device_type, args.nproc)
     notes: list[str] = []
     if device_type == "cpu" and args.nproc > (os.cpu_count() or 1):
