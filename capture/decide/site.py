@@ -21,7 +21,7 @@ from capture.decide import text
 from capture.decide.text import COLUMNS, row
 from capture.fmt import bytes_str, number_str, seconds_str
 from capture.trial.report import page, report_body
-from capture.trial.report.html import td
+from capture.trial.report.html import nice_ticks, td
 
 FIGURE_COLUMNS = frozenset(i for i, h in enumerate(COLUMNS)
                            if h not in ("configuration", "recovery", "preflight", "notes"))
@@ -40,17 +40,6 @@ def signature_label(f: FileStatus) -> str:
     who = f" by {f.principal}" if f.principal else ""
     why = f": {f.reason}" if f.reason and f.state != "ok" else ""
     return _SIG_LABEL.get(f.state, f.state) + who + why
-
-
-def _ticks(top: float, count: int = 5) -> list[float]:
-    import math
-
-    if top <= 0:
-        return [0.0]
-    raw = top / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(s * mag for s in (1, 2, 2.5, 5, 10) if s * mag >= raw)
-    return [i * step for i in range(int(top / step) + 1)]
 
 
 LABEL_CHAR_PX = 7.5
@@ -87,7 +76,7 @@ def bar_chart(title: str, bars: list[tuple[str, float, str, str]], fmt: Any,
            f'aria-label="{_e(title)}"><text x="4" y="14" font-weight="bold">{_e(title)}</text>']
     base = top + len(bars) * step
     div, unit = axis_unit(fmt, vmax)
-    for t in (tick * div for tick in _ticks(vmax / div)):
+    for t in (tick * div for tick in nice_ticks(vmax / div)):
         if t <= vmax:
             out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{base - gap}" stroke="#e4e6ea"/>'
                        f'<text x="{x(t):.1f}" y="{base + 6}" text-anchor="middle" fill="#667">{_e(unit(t))}</text>')

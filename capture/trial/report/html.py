@@ -51,7 +51,9 @@ def _status_class(status: str) -> str:
     return status_state(status)
 
 
-def _nice_ticks(top: float, count: int = 5) -> list[float]:
+def nice_ticks(top: float, count: int = 5) -> list[float]:
+    """Round axis ticks from 0 to ``top``: about ``count`` steps of 1, 2, 2.5 or 5 times a power of ten
+    (the trial report's charts and decide's page)."""
     if top <= 0:
         return [0.0]
     raw = top / count
@@ -70,7 +72,7 @@ def step_time_svg(m: Mapping[str, Any]) -> str:
     pw, ph = w - left - right, h - top - bottom
     # Scale to the measured steps: a slow first step must not flatten the ones that count.
     ymax = (max(times[warm:]) if warm < len(times) else max(times)) * 1.25 or 1.0
-    ticks = _nice_ticks(ymax)
+    ticks = nice_ticks(ymax)
     ymax = max(ymax, ticks[-1])
     x = lambda i: left + (pw * (i + 0.5) / len(times))  # noqa: E731
     y = lambda v: top + ph - ph * v / ymax  # noqa: E731
@@ -162,7 +164,7 @@ def memory_svg(m: Mapping[str, Any]) -> str:
     base = top + len(bars) * (bar_h + gap)
     div = 2**30 if xmax >= 2**30 else 2**20 if xmax >= 2**20 else 1
     unit = {2**30: "GiB", 2**20: "MiB", 1: "B"}[div]
-    for t in (tick * div for tick in _nice_ticks(xmax / div, 6)):  # the axis: a bar's end can be read, not only hovered
+    for t in (tick * div for tick in nice_ticks(xmax / div, 6)):  # the axis: a bar's end can be read, not only hovered
         if t <= xmax:
             out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 4}" y2="{base - gap}" stroke="#e4e6ea"/>'
                        f'<text x="{x(t):.1f}" y="{top - 8}" text-anchor="middle" fill="#667">{t / div:g} {unit}</text>')
