@@ -155,16 +155,14 @@ def build(config: TrialConfig, device: torch.device) -> tuple[torch.nn.Module, d
                 if device.type == "cuda":  # the full-precision staging is capture's, not the run's: give it back
                     torch.cuda.empty_cache()
         else:
-            load: dict[str, Any] = dict(local_files_only=True, dtype=dtype, **kwargs)
+            # Loaded onto the device directly (one device: no dispatch hooks), not into host memory
+            # first and then moved: an 8B model's bf16 copy is 16 GB of the host's memory otherwise.
+            load: dict[str, Any] = dict(local_files_only=True, dtype=dtype, device_map={"": device}, **kwargs)
             if m.quantization != "none" and folder_quant is None:
                 load["quantization_config"] = bnb_config(m.quantization, compute)
-            if m.quantization != "none" or folder_quant is not None:
-                load["device_map"] = {"": device}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = AutoModelForCausalLM.from_pretrained(str(r.weights_dir), **load)
-            if m.quantization == "none" and folder_quant is None:
-                model.to(device)  # type: ignore[arg-type]  # transformers wraps PreTrainedModel.to in functools.wraps
     except (ImportError, ValueError) as exc:
         text = str(exc)
         if "attn" in text.lower() or "flash" in text.lower() or "attention" in text.lower():
