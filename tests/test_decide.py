@@ -280,6 +280,16 @@ def test_cli_json_text_and_usage_errors(corpus, capsys):
     assert "--allowed-signers" in capsys.readouterr().err
 
 
+def test_nothing_to_rank_says_so_under_the_answer(tmp_path, capsys):
+    (tmp_path / "broken.toml").write_bytes(b"\xff\xfe[trial]\n")
+    (tmp_path / "half.toml").write_text("[trial\n")
+    assert main(["decide", str(tmp_path)]) == 0  # malformed files are reported in the output (docs/decide.md)
+    lines = capsys.readouterr().out.splitlines()
+    answer = lines.index("The answer")
+    assert lines[answer + 1] == "  nothing ranked: none of the 2 file(s) holds a trial run (Files says why)"
+    assert "\n".join(lines).count("MALFORMED") == 2
+
+
 def _site(corpus, tmp_path) -> Path:
     folder, _, _ = corpus
     site = tmp_path / "site"

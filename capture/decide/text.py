@@ -141,6 +141,9 @@ def render(groups: list[Group], files: list[FileStatus], width: int | None = Non
     out.append("The answer")
     for i, g in enumerate(groups, 1):
         para(headline(i, g), "  ", "    ")
+    if not groups:
+        para(f"nothing ranked: none of the {len(files)} file(s) holds a trial run (Files says why)",
+             "  ", "    ")
     columns = [Column(h, short, drop, nowrap=not wraps, min_width=12 if wraps else 0) for h, short, drop, wraps in _COLUMNS]
     for i, g in enumerate(groups, 1):
         out.append("")
