@@ -288,6 +288,10 @@ def test_nothing_to_rank_says_so_under_the_answer(tmp_path, capsys):
     answer = lines.index("The answer")
     assert lines[answer + 1] == "  nothing ranked: none of the 2 file(s) holds a trial run (Files says why)"
     assert "\n".join(lines).count("MALFORMED") == 2
+    assert main(["decide", str(tmp_path), "-o", str(tmp_path / "site")]) == 0
+    page = (tmp_path / "site" / "index.html").read_text()
+    answer = page[page.index('<h2 id="answer">'):page.index("</ul>", page.index('<h2 id="answer">'))]
+    assert "<li>nothing ranked: none of the 2 file(s) holds a trial run (Files says why)</li>" in answer
 
 
 def _site(corpus, tmp_path) -> Path:

@@ -195,7 +195,8 @@ def index_html(groups: list[Group], files: list[FileStatus], run_pages: dict[str
     answers = [text.headline(i, g).split(": ", 1) for i, g in enumerate(groups, 1)]
     body.append('<h2 id="answer">The answer</h2><ul class="answer">'
                 + "".join(f'<li><a href="#group-{i}"><b>{_e(head)}</b></a>: {_e(rest)}</li>'
-                          for i, (head, rest) in enumerate(answers, 1)) + "</ul>")
+                          for i, (head, rest) in enumerate(answers, 1))
+                + ("" if groups else f"<li>{_e(text.nothing_ranked(files))}</li>") + "</ul>")
     body.append("<nav>" + "".join(f'<a href="#group-{i}">group {i}</a>' for i in range(1, len(groups) + 1))
                 + '<a href="#files">files and trust</a></nav>')
     for i, g in enumerate(groups, 1):

@@ -112,6 +112,11 @@ def headline(i: int, g: Group) -> str:
     return f"Group {i}: {answer}; not tested: {not_tested(g)}"
 
 
+def nothing_ranked(files: list[FileStatus]) -> str:
+    """The answer where no file holds a trial run (each file's reason is in the files table)."""
+    return f"nothing ranked: none of the {len(files)} file(s) holds a trial run (Files says why)"
+
+
 def target_lines(groups: list[Group], currency: str) -> list[str]:
     targets = {c.target.text() for g in groups for c in g.configs}
     where = targets.pop() if len(targets) == 1 else "each run's own training data, as each group says"
@@ -142,8 +147,7 @@ def render(groups: list[Group], files: list[FileStatus], width: int | None = Non
     for i, g in enumerate(groups, 1):
         para(headline(i, g), "  ", "    ")
     if not groups:
-        para(f"nothing ranked: none of the {len(files)} file(s) holds a trial run (Files says why)",
-             "  ", "    ")
+        para(nothing_ranked(files), "  ", "    ")
     columns = [Column(h, short, drop, nowrap=not wraps, min_width=12 if wraps else 0) for h, short, drop, wraps in _COLUMNS]
     for i, g in enumerate(groups, 1):
         out.append("")
