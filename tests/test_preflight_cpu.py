@@ -240,3 +240,60 @@ def test_buffers_that_cannot_be_allocated_warn_not_fail():
     assert judge(wrong, 100.0, None, "memory bandwidth").verdict == "fail"
     broken = perf.Figure("gemm_fp32", None, "TFLOP/s", error="RuntimeError: CUDA error: an illegal memory access")
     assert judge(broken, 1.0, None, "gemm").verdict == "fail"
+
+
+class _Events:
+    """torch.cuda's event timing, which needs a GPU: a clock the calls advance by 4 ms each, and a
+    log of what happened in which order (the one part of the Timer that cannot run here)."""
+
+    def __init__(self) -> None:
+        self.ms, self.log = 0.0, list[str]()
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing: bool) -> None:
+                assert enable_timing
+                self.at: float | None = None
+
+            def record(self) -> None:
+                self.at = outer.ms
+                outer.log.append("record")
+
+            def synchronize(self) -> None:
+                outer.log.append("synchronize")
+
+            def elapsed_time(self, end: "Event") -> float:
+                assert self.at is not None and end.at is not None
+                return end.at - self.at
+
+        self.Event = Event
+
+    def synchronize(self, device: object) -> None:
+        self.log.append("sync")
+
+    def call(self) -> None:
+        self.ms += 4.0
+        self.log.append("call")
+
+
+def test_gpu_timer_reads_the_device_events_per_call_and_runs_during_while_they_run():
+    from types import SimpleNamespace
+
+    from capture.preflight.perf import Timer
+
+    cuda = _Events()
+    timer = Timer(SimpleNamespace(cuda=cuda), SimpleNamespace(type="cuda", index=0))
+    assert timer.burst_s(cuda.call, n=10) == pytest.approx(0.004)
+    assert cuda.log[-13:] == ["record"] + ["call"] * 10 + ["record", "synchronize"]
+    seen: list[float] = []
+    cuda.log.clear()
+
+    def during(expected_s: float) -> None:
+        seen.append(expected_s)
+        cuda.log.append("during")
+
+    per_call, n = timer.per_call_s(cuda.call, target_s=1e9, during=during, max_iters=50)
+    assert (per_call, n) == (pytest.approx(0.004), 50)
+    # told how long the 50 calls should take while they run, before waiting for them
+    assert cuda.log[-54:] == ["record"] + ["call"] * 50 + ["record", "during", "synchronize"]
+    assert len(seen) == 1 and seen[0] > 0

@@ -89,12 +89,20 @@ class Timer:
             for _ in range(n):
                 fn()
             return (time.perf_counter() - t0) / n
+        return self._events_s(fn, n)
+
+    def _events_s(self, fn: Callable[[], Any], n: int, during: Callable[[float], None] | None = None,
+                  expected_s: float = 0.0) -> float:
+        """Seconds per call over ``n`` calls, timed by the device's events; ``during`` is called
+        while they run, with ``expected_s``, how long they should take."""
         start = self.torch.cuda.Event(enable_timing=True)
         end = self.torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(n):
             fn()
         end.record()
+        if during is not None:
+            during(expected_s)
         end.synchronize()
         return start.elapsed_time(end) / 1000 / n
 
@@ -110,16 +118,7 @@ class Timer:
         estimate = max((time.perf_counter() - t0) / 3, 1e-7)
         n = max(5, min(max_iters, math.ceil(target_s / estimate)))
         if self.gpu:
-            start = self.torch.cuda.Event(enable_timing=True)
-            end = self.torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            if during is not None:
-                during(n * estimate)
-            end.synchronize()
-            return start.elapsed_time(end) / 1000 / n, n
+            return self._events_s(fn, n, during, n * estimate), n
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
