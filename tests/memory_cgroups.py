@@ -1,15 +1,33 @@
 """Real memory cgroups for the tests that run a trial under a memory limit (test_trial_hostmem,
 test_trial_recover_memory): made where this process may (root, a writable /sys/fs/cgroup, v1 or
-v2), entered by the child before it runs. The fixture ``cgroup_1500m`` is in conftest."""
+v2), entered by the child before it runs. The fixture ``cgroup_1500m`` is in conftest. Beside
+them, real tmpfs mounts (:func:`mounted_tmpfs`): a small disk, or a folder whose files take memory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """``folder`` (made here) with a new tmpfs of ``size`` (mount's ``size=``: ``4m``, ``4g``)
+    mounted on it for the block; the test is skipped where this process may not mount (not root)."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
 
 
 def memory_cgroup(limit_bytes: int) -> tuple[Path, Path] | None:

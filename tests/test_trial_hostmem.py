@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from memory_cgroups import in_cgroup
+from memory_cgroups import in_cgroup, mounted_tmpfs
 
 from capture.trial import hostmem
 
@@ -197,6 +197,26 @@ def test_search_limit_is_what_the_process_can_get_when_that_is_less():
     assert hostmem.search_limit(2 * GIB, "--memory-limit", roomy) == (2 * GIB, "--memory-limit")
 
 
+def test_a_checkpoint_in_a_memory_held_folder_is_checked_against_the_hosts_memory(tmp_path):
+    """A tmpfs's own size says nothing of a container's limit: its files are counted against the
+    host's (here given) available memory, and the write is refused before a byte."""
+    import torch
+
+    from capture.trial import checkpoint_io
+
+    state = {"model": {"w": torch.zeros(2 * MIB // 4)}, "step": 2}  # 2 MiB of fp32
+    with mounted_tmpfs(tmp_path / "shm", "64m") as shm:
+        assert hostmem.memory_backed(shm) == "tmpfs"
+        tight = hostmem.HostMemory(64 * GIB, "t", MIB, "what the test gives")
+        with pytest.raises(checkpoint_io.NoSpace, match=r"^the checkpoint needs 2\.00 MiB in .*/shm, a tmpfs whose "
+                           r"files take the host's memory, and 1\.00 MiB is available \(what the test gives\) "
+                           r"\(hint: give the trial a work folder on disk with --workdir"):
+            checkpoint_io.check_space(state, shm / "checkpoint.pt", tight)
+        checkpoint_io.check_space(state, shm / "checkpoint.pt", hostmem.HostMemory(64 * GIB, "t", 3 * MIB, "a"))
+        checkpoint_io.check_space(state, shm / "checkpoint.pt", hostmem.HostMemory(None, "", None, ""))  # not known
+        assert list(shm.iterdir()) == []
+
+
 # --------------------------------------------------------------------------- real cgroups
 
 
@@ -320,3 +340,22 @@ def test_ranks_the_host_cannot_hold_are_not_launched(tmp_path, cgroup_1500m):
     assert error.startswith("error: scaling: not launched: 8 rank process(es) and torchrun's agent, each ")
     assert "memory cgroup limit" in error and "hint: run fewer ranks (--nproc)" in proc.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".capture")) == []
+
+
+@pytest.mark.slow
+def test_a_checkpoint_past_the_cgroup_in_a_tmpfs_is_refused_not_killed(tmp_path, cgroup_1500m):
+    """Before this check, a 2 GiB checkpoint written to a 4 GB tmpfs (its size far above the
+    1.5 GB cgroup, as /dev/shm is in a container) passed the free-space check; the writer was
+    killed by the kernel (exit 137) and left a 1.3 GB temporary file in the tmpfs, holding the
+    memory after it. Now the write is refused with the figures and nothing is written. The tensor
+    is allocated, not touched: its pages are not the process's until written."""
+    script = ("import sys, torch\nfrom pathlib import Path\nfrom capture.trial import checkpoint_io\n"
+              "w = torch.empty(2 * 2**30, dtype=torch.uint8)\n"
+              "try:\n    checkpoint_io.save({'model': {'w': w}, 'step': 1}, Path(sys.argv[1]) / 'checkpoint.pt')\n"
+              "except checkpoint_io.NoSpace as exc:\n    print('refused:', exc)\n")
+    with mounted_tmpfs(tmp_path / "shm", "4g") as shm:
+        proc = in_cgroup(cgroup_1500m, [sys.executable, "-c", script, str(shm)], tmp_path, dict(os.environ))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.startswith("refused: the checkpoint needs 2.00 GiB in ")
+        assert "a tmpfs whose files take the host's memory" in proc.stdout and "memory cgroup limit" in proc.stdout
+        assert list(shm.iterdir()) == []

@@ -231,16 +231,10 @@ def test_save_is_atomic_when_serialisation_fails(tmp_path):
 def small_disk(tmp_path):
     """A real 4 MiB filesystem (tmpfs), as a full disk is met: the 8B full checkpoint (45 GB)
     that did not fit beside another on a 64 GB disk failed in torch as "unexpected pos"."""
-    import subprocess
+    from memory_cgroups import mounted_tmpfs
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "4m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.parametrize("fmt", checkpoint_io.FORMATS)

@@ -30,9 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from capture._atomic import atomic_open
+from capture._escape import printable
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+    from capture.trial.hostmem import HostMemory
 
 FORMATS = ("torch.save", "safetensors", "dcp", "dcp-async")
 _SKELETON_KEY = "capture_skeleton"
@@ -96,14 +99,31 @@ def tensor_bytes(state: Any) -> int:
     return total
 
 
-def check_space(state: Mapping[str, Any], path: Path) -> None:
-    """Raise :class:`NoSpace` when the state's tensors exceed the free space where ``path`` goes."""
+def check_space(state: Mapping[str, Any], path: Path, host: HostMemory | None = None) -> None:
+    """Raise :class:`NoSpace` when the state's tensors exceed the free space where ``path`` goes,
+    or, where that folder is held in memory (a tmpfs such as /dev/shm), what the host has
+    available (``host``: read when not given): a tmpfs's own size is often half the machine's
+    memory, far above a container's limit, and its files count against that limit, so a write past
+    it is not an ENOSPC but the kernel killing the process."""
+    from capture.fmt import bytes_str
+    from capture.trial import hostmem
+
     need = tensor_bytes(state)
-    free = shutil.disk_usage(Path(path).parent).free
+    folder = Path(path).parent
+    free = shutil.disk_usage(folder).free
     if need > free:
         gib = 1024 ** 3
-        raise NoSpace(f"the checkpoint needs {need / gib:.1f} GiB and {Path(path).parent} has {free / gib:.1f} GiB free "
+        raise NoSpace(f"the checkpoint needs {need / gib:.1f} GiB and {folder} has {free / gib:.1f} GiB free "
                       "(hint: free space there, or give the trial a work folder on a larger disk with --workdir)")
+    fs = hostmem.memory_backed(folder)
+    if fs is None:
+        return
+    host = host or hostmem.read()
+    if host.available_bytes is not None and need > host.available_bytes:
+        raise NoSpace(f"the checkpoint needs {bytes_str(need)} in {printable(folder)[:200]}, a {fs} whose files take "
+                      f"the host's memory, and {bytes_str(host.available_bytes)} is available "
+                      f"({host.available_source}) (hint: give the trial a work folder on disk with --workdir, "
+                      "or the trial more memory)")
 
 
 def save(state: Mapping[str, Any], path: Path, fmt: str = "torch.save", device_type: str = "cpu") -> SaveTiming:
