@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capture import _parent_death as parent_death
 from capture.errors import UsageError
 
 _NOT_FORWARDED = {"SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS",
@@ -283,22 +284,6 @@ def _signal_name(signum: int) -> str:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}" if hasattr(signal, "SIGRTMIN") else f"signal {signum}"
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """For the child, between fork and exec: ask the kernel for SIGTERM when capture dies (Linux
-    ``prctl(PR_SET_PDEATHSIG)``), and give up if capture is already gone."""
-    def setup() -> None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # not Linux: forwarding still covers every catchable signal
-            pass
-        if os.getppid() != parent:
-            os._exit(EXIT_CAPTURE_FAILED_AFTER)
-    return setup
-
-
 def _run_forwarding(argv: list[str], env: dict[str, str]) -> int:
     """Start ``argv`` in its own session and wait for it, forwarding every signal in
     :data:`FORWARDED` to its process group (one that arrives while it starts is delivered once it
@@ -322,7 +307,8 @@ def _run_forwarding(argv: list[str], env: dict[str, str]) -> int:
         except (OSError, ValueError):  # not settable here (a platform's reserved signal)
             continue
     try:
-        child = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+        child = subprocess.Popen(argv, env=env, start_new_session=True,
+                                 preexec_fn=parent_death.preexec(signal.SIGTERM, EXIT_CAPTURE_FAILED_AFTER))
         for signum in pending:
             forward(signum, None)
         while True:

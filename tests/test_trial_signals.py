@@ -12,6 +12,7 @@ Ctrl-C at a terminal sends it; SIGTERM (``timeout``) and SIGHUP (a closed termin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -153,3 +154,110 @@ def test_a_signal_in_each_stage_leaves_nothing_behind(tmp_path, stage, begun, si
     assert [p for p in children if _alive(p)] == []  # every child ended
     assert list(tmp_path.rglob(f"{PREFIX}*")) == []  # checkpoints, DCP folders, worker files: gone
     assert sorted(p.name for p in out.parent.iterdir()) == []  # no manifest, no report, no temporary file
+
+
+KILLED = ["scaling.item.ddp", "recovery.restore_ready"]  # each rank of the DDP launch waits; the restoring process waits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", KILLED)
+def test_a_trial_killed_outright_takes_its_children_and_the_next_trial_removes_its_scratch(tmp_path, stage):
+    """SIGKILL (the kernel's out-of-memory killer, ``kill -9``) cannot be caught: the trial runs no
+    clean-up. Its children end with it all the same (the kernel signals them: the recovery worker,
+    torchrun, which stops its ranks; before, torchrun and its ranks trained on alone), and the next
+    trial in the same folder removes the scratch the killed one left, saying so."""
+    cfg = tmp_path / "signals.toml"
+    cfg.write_text(CONFIG)
+    work = tmp_path / "work"
+    out = tmp_path / "out" / "trial.toml"
+    out.parent.mkdir()
+    common = [sys.executable, "-m", "capture", "trial", str(cfg), "--no-preflight", "--no-report", "--workdir", str(work)]
+    args = common + ["-o", str(out)]
+    args += (["--no-recovery", "--nproc", "2", "--strategy", "ddp"] if stage.startswith("scaling") else [])
+    flag = tmp_path / "paused.txt"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env[PAUSE_ENV] = f"{stage}={flag}"
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert proc.poll() is None, f"the trial ended before {stage}: {proc.stderr.read().decode()[-2000:]}"
+            assert time.monotonic() < deadline, f"{stage} never began"
+            paused = flag.read_text().splitlines() if flag.exists() else []
+            if len(paused) == (2 if stage.startswith("scaling") else 1) \
+                    and (stage.startswith("scaling") or list(work.glob(f"{PREFIX}*/recovery/checkpoint.pt"))):
+                children = _descendants(proc.pid)
+                break
+            time.sleep(0.05)
+        assert children
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 90
+    while [p for p in children if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [p for p in children if _alive(p)]
+    for pid in survivors:  # a failing run leaves none behind either
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert [children[p] for p in survivors] == []  # every child ended with it
+    left = list(work.glob(f"{PREFIX}*"))
+    assert len(left) == 1 and not out.exists()
+    env.pop(PAUSE_ENV, None)
+    again = subprocess.run(common + ["--no-recovery", "-o", str(tmp_path / "again.toml")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stderr[-2000:]
+    said = [line for line in again.stderr.splitlines() if line.startswith("capture: removed ")]
+    assert len(said) == 1 and said[0].startswith(f"capture: removed {left[0]} (")
+    assert f"the scratch folder of trial process {proc.pid}, which ended without removing it" in said[0]
+    assert list(work.glob(f"{PREFIX}*")) == []  # the killed trial's and the second one's own
+
+
+def test_only_a_dead_trials_own_scratch_is_swept(tmp_path):
+    """What the sweep removes: a folder whose owner (on this boot, in this pid namespace) is gone,
+    or whose pid now belongs to another process (a different start time). What it leaves: a live
+    trial's, another boot's or namespace's (its pid means nothing here), one with no owner or a
+    hostile one (garbage, a link, a FIFO, a negative pid), and a link named like a scratch folder."""
+    import json
+
+    from capture.trial import scratch
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = scratch._identity(gone.pid)
+    gone.wait()
+    me = scratch._identity(os.getpid())
+    assert dead is not None and me is not None and scratch._identity(gone.pid) is None
+
+    def folder(name: str, owner: object = None, raw: bytes | None = None) -> Path:
+        path = tmp_path / f"{PREFIX}{name}"
+        path.mkdir()
+        (path / "checkpoint.pt").write_bytes(b"\0" * 1000)
+        if owner is not None or raw is not None:
+            (path / scratch.OWNER).write_bytes(raw if raw is not None else json.dumps(owner).encode())
+        return path
+
+    removed = {folder("dead", dead), folder("reused", dict(me, start=str(int(me["start"]) + 1)))}
+    kept = {folder("live", me), folder("other-boot", dict(dead, boot_id="0" * 32)),
+            folder("other-ns", dict(dead, pid_namespace="pid:[1]")), folder("no-owner"),
+            folder("garbage", raw=b"\xff{"), folder("list", [1, 2]), folder("negative", dict(dead, pid=-1)),
+            folder("bool", dict(dead, pid=True))}
+    linked = folder("linked-owner")
+    (linked / scratch.OWNER).symlink_to(tmp_path / f"{PREFIX}dead" / scratch.OWNER)
+    fifo = folder("fifo-owner")
+    os.mkfifo(fifo / scratch.OWNER)
+    target = tmp_path / "not-scratch"
+    target.mkdir()
+    (target / "keep.txt").write_text("kept")
+    (tmp_path / f"{PREFIX}link").symlink_to(target)
+    kept |= {linked, fifo}
+    swept = scratch.sweep_stale(tmp_path)
+    assert {s.path for s in swept} == removed
+    assert all(s.size_bytes >= 1000 for s in swept) and {s.pid for s in swept} == {dead["pid"], me["pid"]}
+    assert all(p.is_dir() for p in kept) and (target / "keep.txt").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p.name for p in kept] + ["not-scratch", f"{PREFIX}link"])

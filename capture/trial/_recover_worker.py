@@ -45,15 +45,9 @@ def _read_message() -> dict[str, Any] | None:
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (a parent killed by SIGKILL cannot stop it)."""
-    try:
-        import ctypes
+    from capture import _parent_death
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent was already gone
+    if _parent_death.request(signal.SIGKILL) and os.getppid() == 1:  # the parent was already gone
         os._exit(1)
 
 

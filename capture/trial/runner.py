@@ -210,7 +210,7 @@ def run_trial(config: TrialConfig, opts: TrialOptions, timer: PhaseTimer | None 
     if opts.overrides:
         trial["overrides"] = {k: v for k, v in opts.overrides.items() if v is not None}
 
-    workdir = scratch.scratch_folder(output.parent, opts.workdir)  # removed in any case, interrupted or not
+    workdir = scratch.scratch_folder(output.parent, opts.workdir, say)  # removed in any case, interrupted or not
     html: Path | None = None
     written = False
     oom: str | None = None

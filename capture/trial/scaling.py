@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture import _parent_death as parent_death
 from capture._atomic import atomic_write
 from capture.errors import CaptureError, ConfigError, UsageError
 from capture.trial.scaling_args import ScalingOptions
@@ -280,7 +281,11 @@ def run_launch(cmd: list[str], env: Mapping[str, str], log_path: Path, out_path:
     log.debug("launch: %s", " ".join(cmd))
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, env=dict(env), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        # In a session of its own (stopped as a group below); and where this process is killed
+        # outright (SIGKILL: the kernel's OOM killer), the kernel sends the launcher SIGTERM, on
+        # which it stops its ranks: they never train on alone, holding the devices.
+        proc = subprocess.Popen(cmd, env=dict(env), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=parent_death.preexec(signal.SIGTERM, 1))
         try:
             rc = proc.wait(timeout=timeout_s)
         except BaseException:

@@ -11,7 +11,9 @@ machine is stopped with ``timeout``, Ctrl-C or a closed terminal, so:
   was not written is removed. A second signal while that runs is ignored, so the clean-up finishes.
   Then :func:`end_children` kills whatever descendant is still alive (a rank in its own session).
   The command exits 128 + the signal's number (130, 143, 129) with one line on stderr.
-- :func:`scratch_folder` / :func:`remove` make and remove the scratch folder.
+- :func:`scratch_folder` / :func:`remove` make and remove the scratch folder; what no signal can
+  undo (SIGKILL, the kernel's out-of-memory killer) the next trial in the same folder finds and
+  removes (:func:`sweep_stale`), and a killed trial's children die with it (capture._parent_death).
 - :func:`pause_point`: a test-only hook. With ``CAPTURE_TRIAL_TEST_PAUSE=NAME=FILE`` in the
   environment, the process that reaches the point NAME appends ``NAME PID`` to FILE and waits
   for a signal, so a test can interrupt a real trial inside a given stage.
@@ -20,14 +22,18 @@ machine is stopped with ``timeout``, Ctrl-C or a closed terminal, so:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PAUSE_ENV = "CAPTURE_TRIAL_TEST_PAUSE"
@@ -113,11 +119,124 @@ def end_children() -> list[int]:
     return pids
 
 
-def scratch_folder(near: Path, workdir: Path | None = None) -> Path:
-    """A new ``.capture-trial-*`` folder inside ``workdir`` (``--workdir``) or beside the output."""
+def scratch_folder(near: Path, workdir: Path | None = None, say: Callable[[str], None] | None = None) -> Path:
+    """A new ``.capture-trial-*`` folder inside ``workdir`` (``--workdir``) or beside the output,
+    with its owner recorded (:data:`OWNER`); first the folders there that a dead trial left
+    (:func:`sweep_stale`), each named through ``say``."""
     folder = Path(workdir) if workdir is not None else Path(near)
     folder.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=PREFIX, dir=folder))
+    for stale in sweep_stale(folder):
+        if say is not None:
+            say(stale.text())
+    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=folder))
+    me = _identity(os.getpid())
+    if me is not None:
+        with contextlib.suppress(OSError):  # without it the folder is only never swept: not a reason to stop
+            (path / OWNER).write_text(json.dumps(me), encoding="utf-8")
+    return path
+
+
+OWNER = "owner.json"
+"""In each scratch folder: the trial process that made it, as the kernel knows it (pid, start time
+in clock ticks since boot, boot id, pid namespace), so that a later trial can tell a folder whose
+trial died without removing it (SIGKILL: the kernel's out-of-memory killer, ``kill -9``) from one
+whose trial runs beside it."""
+
+
+@dataclass(frozen=True)
+class Stale:
+    path: Path
+    size_bytes: int
+    pid: int
+
+    def text(self) -> str:
+        from capture._escape import printable
+        from capture.fmt import bytes_str
+
+        return (f"removed {printable(self.path)[:200]} ({bytes_str(self.size_bytes)}), the scratch folder of trial "
+                f"process {self.pid}, which ended without removing it (killed: SIGKILL, or the kernel out of memory)")
+
+
+def _read_small(path: Path, limit: int = 4096) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _identity(pid: int) -> dict[str, Any] | None:
+    """The process ``pid`` as the kernel knows it (see :data:`OWNER`); None where it is gone, a
+    zombie, or /proc cannot say."""
+    raw = _read_small(Path(f"/proc/{pid}/stat"))
+    boot = _read_small(Path("/proc/sys/kernel/random/boot_id"))
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    if not raw or not boot:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return {"pid": pid, "start": fields[19].decode("ascii", "replace"),
+            "boot_id": boot.decode("ascii", "replace").strip(), "pid_namespace": namespace}
+
+
+def _size(path: Path) -> int:
+    total, stack = 0, [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            with contextlib.suppress(OSError):
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(Path(e.path))
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+def sweep_stale(folder: Path) -> list[Stale]:
+    """Remove the scratch folders in ``folder`` whose trial process is gone: on this boot and in
+    this pid namespace (elsewhere its pid means nothing here), and no live process with its pid and
+    start time. A folder without a readable owner (another version's, a hand-made one), a link, or
+    one whose trial is alive is left as it is. On a tmpfs (``--workdir /dev/shm/...``) what a killed
+    trial left holds the host's memory until it is removed: a 16 GB checkpoint at 8B."""
+    me = _identity(os.getpid())
+    if me is None:
+        return []
+    try:
+        entries = [e for e in os.scandir(folder) if e.name.startswith(PREFIX) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    out: list[Stale] = []
+    for e in entries:
+        try:
+            owner = json.loads(_read_small(Path(e.path) / OWNER) or b"")
+        except ValueError:
+            continue
+        if not isinstance(owner, dict) or type(owner.get("pid")) is not int or owner["pid"] <= 0:
+            continue
+        if (owner.get("boot_id"), owner.get("pid_namespace")) != (me["boot_id"], me["pid_namespace"]):
+            continue
+        alive = _identity(owner["pid"])
+        if alive is not None and alive["start"] == owner.get("start"):
+            continue
+        size = _size(Path(e.path))
+        remove(Path(e.path))
+        if not os.path.lexists(e.path):
+            out.append(Stale(Path(e.path), size, owner["pid"]))
+    return out
 
 
 def remove(path: Path, attempts: int = 5) -> None:
