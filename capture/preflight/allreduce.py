@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from capture import _parent_death as parent_death
 
 TIMEOUT_S = {"quick": 120.0, "full": 300.0}
 
@@ -58,7 +61,8 @@ def run_allreduce(world_size: int, backend: str, nbytes: int, iterations: int, t
             cmd = [sys.executable, "-m", "capture.preflight._allreduce_worker", "--rank", str(rank), "--world", str(world_size),
                    "--backend", backend, "--init", f"file://{tmp}/rendezvous", "--bytes", str(nbytes),
                    "--iters", str(iterations), "--out", str(out)]
-            procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), out))
+            procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                           preexec_fn=parent_death.preexec(signal.SIGKILL, 1)), out))  # none outlives capture
         deadline = time.monotonic() + timeout_s
         errors = []
         for proc, _ in procs:
