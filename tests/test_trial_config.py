@@ -210,6 +210,23 @@ def test_a_hostile_model_config_file_is_one_config_error(tmp_path, text, reason)
     assert info.value.message == f"trial.model.config_file: config.json: {reason}"
 
 
+def test_a_model_config_file_that_is_not_a_file_says_what_it_is(tmp_path):
+    import os
+
+    from capture.trial.build.model_config import resolve
+
+    os.mkfifo(tmp_path / "fifo.json")  # read, it would block the trial forever
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    (tmp_path / "dangling").symlink_to("gone.json")
+    for name, what in (("fifo.json", "is not a regular file"), ("loop1", "is a link that leads nowhere"),
+                       ("dangling", "is a link that leads nowhere"), ("missing.json", "does not exist")):
+        (tmp_path / "c.toml").write_text(f'[trial]\nname = "c"\n[trial.model]\nsource = "from_config"\nconfig_file = "{name}"\n')
+        with pytest.raises(ConfigError) as info:
+            resolve(load_config(tmp_path / "c.toml"))
+        assert info.value.message == f"trial.model.config_file: {tmp_path / name} {what}"
+
+
 @pytest.mark.parametrize("text, match", [
     ('{"text": "a"}\n{"text": ', r"is not valid JSON \(line 2: Expecting value at line 1, column 10\)$"),
     ('{"text": "a", "n": ' + "9" * 5000 + "}\n",  # int()'s 4,300-digit limit

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capture import _json
+from capture._escape import printable
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.errors import ConfigError
 from capture.redact import redact_text
@@ -112,7 +113,10 @@ def resolve(config: TrialConfig) -> Resolved:
         path = config.resolve_path(m.config_file)
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ConfigError(f"trial.model.config_file: {file} does not exist", "name a model's config.json (or its folder)")
+            what = ("is not a regular file" if file.exists() else
+                    "is a link that leads nowhere" if file.is_symlink() else "does not exist")
+            raise ConfigError(f"trial.model.config_file: {printable(file)[:300]} {what}",
+                              "name a model's config.json (or its folder)")
         try:
             raw = read_regular(file, CONFIG_MAX_BYTES, ConfigError, "model config file")
             data = _json.loads(raw)
