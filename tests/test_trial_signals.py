@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,28 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
 
 
+def _env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def _start(args: list[str], tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The trial in a session of its own (its process group is the test's to signal)."""
+    return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _wait_until(proc: subprocess.Popen[bytes], stage: str, begun: Callable[[], bool]) -> None:
+    """Until ``begun()`` says the stage has begun; failing where the trial ended first or it never does."""
+    deadline = time.monotonic() + 400
+    while True:
+        assert proc.poll() is None, f"the trial ended before {stage}: {proc.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"{stage} never began"
+        if begun():
+            return
+        time.sleep(0.05)
+
+
 # (stage, how the test knows it has begun, signal)
 STAGES = [
     ("fingerprint", "pause", signal.SIGTERM),
@@ -115,23 +138,19 @@ def test_a_signal_in_each_stage_leaves_nothing_behind(tmp_path, stage, begun, si
     if stage == "recovery.restore_ready":
         args += ["--workdir", str(work)]  # the scratch goes inside --workdir, and is removed from there too
     flag = tmp_path / "paused.txt"
-    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = _env(tmp_path)
     if begun == "pause":
         env[PAUSE_ENV] = f"{stage}={flag}"
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = _start(args, tmp_path, env)
+
+    def has_begun() -> bool:
+        if begun != "pause":
+            return any(begun in c for c in _descendants(proc.pid).values())
+        return bool(flag.exists() and flag.read_text().strip()) and (
+            stage != "recovery.restore_ready" or bool(list(work.glob(f"{PREFIX}*/recovery/checkpoint.pt"))))
+
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, f"the trial ended before {stage}: {proc.stderr.read().decode()[-2000:]}"
-            assert time.monotonic() < deadline, f"{stage} never began"
-            if begun == "pause" and flag.exists() and flag.read_text().strip():
-                if stage != "recovery.restore_ready" or list(work.glob(f"{PREFIX}*/recovery/checkpoint.pt")):
-                    break
-            if begun != "pause" and any(begun in c for c in _descendants(proc.pid).values()):
-                break
-            time.sleep(0.05)
+        _wait_until(proc, stage, has_begun)
         children = _descendants(proc.pid)
         scratch = list(tmp_path.rglob(f"{PREFIX}*"))
         assert bool(scratch) == (stage not in ("fingerprint", "preflight")), scratch  # made after the preflight
@@ -175,22 +194,18 @@ def test_a_trial_killed_outright_takes_its_children_and_the_next_trial_removes_i
     args = common + ["-o", str(out)]
     args += (["--no-recovery", "--nproc", "2", "--strategy", "ddp"] if stage.startswith("scaling") else [])
     flag = tmp_path / "paused.txt"
-    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = _env(tmp_path)
     env[PAUSE_ENV] = f"{stage}={flag}"
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = _start(args, tmp_path, env)
+
+    def has_begun() -> bool:
+        paused = flag.read_text().splitlines() if flag.exists() else []
+        return len(paused) == (2 if stage.startswith("scaling") else 1) \
+            and (stage.startswith("scaling") or bool(list(work.glob(f"{PREFIX}*/recovery/checkpoint.pt"))))
+
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, f"the trial ended before {stage}: {proc.stderr.read().decode()[-2000:]}"
-            assert time.monotonic() < deadline, f"{stage} never began"
-            paused = flag.read_text().splitlines() if flag.exists() else []
-            if len(paused) == (2 if stage.startswith("scaling") else 1) \
-                    and (stage.startswith("scaling") or list(work.glob(f"{PREFIX}*/recovery/checkpoint.pt"))):
-                children = _descendants(proc.pid)
-                break
-            time.sleep(0.05)
+        _wait_until(proc, stage, has_begun)
+        children = _descendants(proc.pid)
         assert children
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
