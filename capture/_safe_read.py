@@ -98,13 +98,13 @@ def read_regular(path: str | os.PathLike[str], limit_bytes: int,
         os.close(fd)
 
 
-def read_prefix(path: str | os.PathLike[str], limit_bytes: int) -> bytes | None:
+def read_prefix(path: str | os.PathLike[str], limit_bytes: int, follow_symlinks: bool = True) -> bytes | None:
     """Up to ``limit_bytes`` from the start of the regular file at ``path``; None where it is
-    missing, unreadable or not a regular file (a FIFO, a device). For facts a probe reads from
-    files that other programs own (package metadata, build configs): never raises, never blocks,
-    never reads more than the limit."""
+    missing, unreadable or not a regular file (a FIFO, a device), or a symlink where
+    ``follow_symlinks`` is false. For facts a probe reads from files that other programs own
+    (package metadata, build configs): never raises, never blocks, never reads more than the limit."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS if follow_symlinks else _OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0))
     except (OSError, ValueError):
         return None
     try:

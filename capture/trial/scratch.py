@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import tempfile
 import threading
 import time
@@ -34,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from capture._safe_read import read_prefix
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PAUSE_ENV = "CAPTURE_TRIAL_TEST_PAUSE"
@@ -78,6 +79,14 @@ def interruptible() -> Iterator[None]:
                 signal.signal(s, h)
 
 
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state, parent, ...); empty where the
+    process is gone or /proc cannot say. The name may hold spaces and parentheses: what follows
+    the last ")"."""
+    raw = read_prefix(f"/proc/{pid}/stat", 4096)
+    return raw[raw.rfind(b")") + 2:].split() if raw else []
+
+
 def _children_of(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (Linux /proc; empty elsewhere), children first."""
     parent_of: dict[int, int] = {}
@@ -86,15 +95,7 @@ def _children_of(pid: int) -> list[int]:
     except OSError:
         return []
     for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may hold spaces and parentheses: the fields after the last ")"
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = _stat_fields(int(name)) if name.isdigit() else []
         if len(fields) > 1:
             parent_of[int(name)] = int(fields[1])
     out: list[int] = []
@@ -125,11 +126,11 @@ def scratch_folder(near: Path, workdir: Path | None = None, say: Callable[[str],
     (:func:`sweep_stale`), each named through ``say``."""
     folder = Path(workdir) if workdir is not None else Path(near)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in sweep_stale(folder):
+    me = _identity(os.getpid())
+    for stale in sweep_stale(folder, me):
         if say is not None:
             say(stale.text())
     path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=folder))
-    me = _identity(os.getpid())
     if me is not None:
         with contextlib.suppress(OSError):  # without it the folder is only never swept: not a reason to stop
             (path / OWNER).write_text(json.dumps(me), encoding="utf-8")
@@ -157,40 +158,25 @@ class Stale:
                 f"process {self.pid}, which ended without removing it (killed: SIGKILL, or the kernel out of memory)")
 
 
-def _read_small(path: Path, limit: int = 4096) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _identity(pid: int) -> dict[str, Any] | None:
     """The process ``pid`` as the kernel knows it (see :data:`OWNER`); None where it is gone, a
     zombie, or /proc cannot say."""
-    raw = _read_small(Path(f"/proc/{pid}/stat"))
-    boot = _read_small(Path("/proc/sys/kernel/random/boot_id"))
+    fields = _stat_fields(pid)
+    boot = read_prefix("/proc/sys/kernel/random/boot_id", 4096)
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
-    if not raw or not boot:
-        return None
-    fields = raw[raw.rfind(b")") + 2:].split()
-    if len(fields) < 20 or fields[0] == b"Z":
+    if len(fields) < 20 or fields[0] == b"Z" or not boot:
         return None
     return {"pid": pid, "start": fields[19].decode("ascii", "replace"),
             "boot_id": boot.decode("ascii", "replace").strip(), "pid_namespace": namespace}
 
 
 def _size(path: Path) -> int:
+    """The bytes of the regular files below ``path``, links not followed and unreadable entries
+    skipped: a folder a dead trial left is read as any other input (checkpoint_io.size_of, for
+    the trial's own checkpoints, follows links and raises)."""
     total, stack = 0, [path]
     while stack:
         try:
@@ -206,13 +192,14 @@ def _size(path: Path) -> int:
     return total
 
 
-def sweep_stale(folder: Path) -> list[Stale]:
+def sweep_stale(folder: Path, me: dict[str, Any] | None = None) -> list[Stale]:
     """Remove the scratch folders in ``folder`` whose trial process is gone: on this boot and in
     this pid namespace (elsewhere its pid means nothing here), and no live process with its pid and
     start time. A folder without a readable owner (another version's, a hand-made one), a link, or
     one whose trial is alive is left as it is. On a tmpfs (``--workdir /dev/shm/...``) what a killed
-    trial left holds the host's memory until it is removed: a 16 GB checkpoint at 8B."""
-    me = _identity(os.getpid())
+    trial left holds the host's memory until it is removed: a 16 GB checkpoint at 8B. ``me``: this
+    process's :func:`_identity`, read when not given."""
+    me = me or _identity(os.getpid())
     if me is None:
         return []
     try:
@@ -222,7 +209,7 @@ def sweep_stale(folder: Path) -> list[Stale]:
     out: list[Stale] = []
     for e in entries:
         try:
-            owner = json.loads(_read_small(Path(e.path) / OWNER) or b"")
+            owner = json.loads(read_prefix(Path(e.path) / OWNER, 4096, follow_symlinks=False) or b"")
         except ValueError:
             continue
         if not isinstance(owner, dict) or type(owner.get("pid")) is not int or owner["pid"] <= 0:
