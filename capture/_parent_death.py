@@ -13,18 +13,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import cast
 
 PR_SET_PDEATHSIG = 1
 
 
-def request(signum: int) -> bool:
-    """Ask for ``signum`` when this process's parent dies; False where the platform cannot."""
+def _prctl() -> Callable[..., int] | None:
+    """The C library's ``prctl``; None where there is none (not Linux)."""
     try:
         import ctypes
 
-        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
+        return cast(Callable[..., int], ctypes.CDLL(None, use_errno=True).prctl)
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def request(signum: int) -> bool:
+    """Ask for ``signum`` when this process's parent dies; False where the platform cannot."""
+    prctl = _prctl()
+    return prctl is not None and int(prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
 
 
 def preexec(signum: int, exit_code: int) -> Callable[[], None]:
@@ -33,12 +40,7 @@ def preexec(signum: int, exit_code: int) -> Callable[[], None]:
     the signal would then never come. The C library is opened here, in the parent, so that the
     child only makes the call."""
     parent = os.getpid()
-    try:
-        import ctypes
-
-        prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
+    prctl = _prctl()
 
     def setup() -> None:
         if prctl is not None:

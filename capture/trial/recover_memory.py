@@ -152,7 +152,6 @@ def budget_from_trial(trial: Mapping[str, Any], host: hostmem.HostMemory | None 
     return MemoryBudget(limit, peak, build, 0, refusal, warning, held + need, held + host.available_bytes, in_memory)
 
 
-
 def _host_verdict(held: int, need: int, host: hostmem.HostMemory, what: str) -> tuple[str | None, str | None]:
     """(refusal, warning) for a restoring process that needs ``need`` beside this process (``held``).
     Refused only where it cannot fit even with every page of the file cache given back: past the
