@@ -143,3 +143,35 @@ def read_overlays(user_file: Path, named: str | os.PathLike[str] | None, what: s
             raise ConfigError(f"{p}: cannot read ({exc})", "check the file") from None
         out.append((str(p), text))
     return out
+
+
+def tree_bytes(path: str | os.PathLike[str]) -> int | None:
+    """The bytes of ``path``: a regular file's size, or the sum over the regular files below a
+    folder. ``path`` itself is followed when it is a link (the caller named it); nothing below it
+    is (a link inside a checkpoint folder may lead anywhere, or back into the folder), and entries
+    that cannot be read are skipped. ``None`` when ``path`` itself cannot be read; the one walk
+    behind every size capture records (checkpoint files and folders, a dead trial's scratch)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    total, stack = 0, [os.fspath(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total

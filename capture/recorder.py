@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from capture._safe_read import tree_bytes
 from capture.trial.devmem import DeviceMemory, MemoryReading
 from capture.trial.measure import StepClock, StepStats, first_nonfinite, flops_per_token, make_clock, mfu, summarize
 
@@ -293,7 +294,7 @@ class Recorder:
         of the step times."""
         self._ckpt.append(float(seconds))
         if path is not None:
-            size = _size_bytes(Path(path))
+            size = tree_bytes(path)
             if size is not None:
                 self._ckpt_bytes.append(size)
         if self.recording:
@@ -428,17 +429,6 @@ def _write_signed(path: Path, manifest: dict[str, Any], key: str | os.PathLike[s
 
     key_path = Path(key) if key else signing.ensure_default_key()
     signing.write_signed(path, mf.dumps(manifest), key_path, principal)
-
-
-def _size_bytes(path: Path) -> int | None:
-    try:
-        if path.is_file():
-            return path.stat().st_size
-        if path.is_dir():
-            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    except OSError:
-        pass
-    return None
 
 
 _CATALOG: Any = None

@@ -401,3 +401,36 @@ def test_o_refuses_anything_but_a_regular_file_or_a_new_path(tmp_path, test_sign
         assert "is a" in err and "regular file or a new path" in err, err
         after = os.lstat(target)
         assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), kind
+
+
+def test_sizes_count_regular_files_once_and_never_follow_links_below_the_named_path(tmp_path):
+    """One walk behind every size capture records (checkpoints, the recorder's, a dead trial's
+    scratch): a link inside a folder is not followed (it may lead to /, or back into the folder),
+    a FIFO and an unreadable subfolder add nothing and block nothing, and the named path itself may
+    be a link."""
+    from capture._safe_read import tree_bytes
+
+    top = tmp_path / "ckpt"
+    (top / "shard").mkdir(parents=True)
+    (top / "a.bin").write_bytes(b"x" * 1000)
+    (top / "shard" / "b.bin").write_bytes(b"y" * 234)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"z" * 50_000)
+    (top / "to-outside").symlink_to(outside)
+    (top / "loop").symlink_to(top, target_is_directory=True)
+    (top / "root").symlink_to("/", target_is_directory=True)
+    os.mkfifo(top / "pipe")
+    locked = top / "locked"
+    locked.mkdir()
+    (locked / "c.bin").write_bytes(b"w" * 7)
+    assert tree_bytes(top) == 1000 + 234 + 7
+    (tmp_path / "named-link").symlink_to(top, target_is_directory=True)
+    assert tree_bytes(tmp_path / "named-link") == 1241
+    assert tree_bytes(top / "a.bin") == 1000 and tree_bytes(top / "to-outside") == 50_000
+    assert tree_bytes(tmp_path / "missing") is None and tree_bytes(top / "pipe") is None
+    locked.chmod(0)
+    try:
+        expected = 1234 if os.geteuid() != 0 else 1241  # root reads a mode-0 folder
+        assert tree_bytes(top) == expected
+    finally:
+        locked.chmod(0o755)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from capture._atomic import atomic_open
+from capture._safe_read import tree_bytes
 from capture._escape import printable
 
 if TYPE_CHECKING:
@@ -60,10 +61,11 @@ def file_name(fmt: str) -> str:
 
 
 def size_of(path: Path) -> int:
-    path = Path(path)
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
+    """The bytes of a checkpoint the trial has just written (a file or a DCP folder)."""
+    size = tree_bytes(path)
+    if size is None:
+        raise FileNotFoundError(f"checkpoint {path} is not there to measure")
+    return size
 
 
 def _fsync_path(path: Path) -> None:

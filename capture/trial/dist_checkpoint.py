@@ -41,10 +41,6 @@ def unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
 
 
-def _folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def save(strategy: str, workload: Any, directory: Path, step: int, device: Any) -> dict[str, Any]:
     """Write the checkpoint of every rank into ``directory`` (collective: every rank calls it)."""
     dist = _dist()
@@ -84,7 +80,7 @@ def save(strategy: str, workload: Any, directory: Path, step: int, device: Any) 
     if not (directory / f"rank-{rank}.pt").exists():
         raise RuntimeError(f"rank {rank} cannot see its checkpoint file in {directory}: with several nodes, "
                            "--dist-dir must be on a filesystem every node shares")
-    size = _folder_bytes(directory) if rank == 0 else 0
+    size = checkpoint_io.size_of(directory) if rank == 0 else 0
     return {"checkpoint_size_bytes": size, "checkpoint_write_s": write_s, "checkpoint_format": FORMATS[strategy]}
 
 

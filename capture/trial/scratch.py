@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capture._safe_read import read_prefix
+from capture._safe_read import read_prefix, tree_bytes
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PAUSE_ENV = "CAPTURE_TRIAL_TEST_PAUSE"
@@ -173,25 +173,6 @@ def _identity(pid: int) -> dict[str, Any] | None:
             "boot_id": boot.decode("ascii", "replace").strip(), "pid_namespace": namespace}
 
 
-def _size(path: Path) -> int:
-    """The bytes of the regular files below ``path``, links not followed and unreadable entries
-    skipped: a folder a dead trial left is read as any other input (checkpoint_io.size_of, for
-    the trial's own checkpoints, follows links and raises)."""
-    total, stack = 0, [path]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for e in entries:
-            with contextlib.suppress(OSError):
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(Path(e.path))
-                elif e.is_file(follow_symlinks=False):
-                    total += e.stat(follow_symlinks=False).st_size
-    return total
-
-
 def sweep_stale(folder: Path, me: dict[str, Any] | None = None) -> list[Stale]:
     """Remove the scratch folders in ``folder`` whose trial process is gone: on this boot and in
     this pid namespace (elsewhere its pid means nothing here), and no live process with its pid and
@@ -219,7 +200,7 @@ def sweep_stale(folder: Path, me: dict[str, Any] | None = None) -> list[Stale]:
         alive = _identity(owner["pid"])
         if alive is not None and alive["start"] == owner.get("start"):
             continue
-        size = _size(Path(e.path))
+        size = tree_bytes(e.path) or 0
         remove(Path(e.path))
         if not os.path.lexists(e.path):
             out.append(Stale(Path(e.path), size, owner["pid"]))
