@@ -114,8 +114,7 @@ def check_space(state: Mapping[str, Any], path: Path, host: HostMemory | None = 
     folder = Path(path).parent
     free = shutil.disk_usage(folder).free
     if need > free:
-        gib = 1024 ** 3
-        raise NoSpace(f"the checkpoint needs {need / gib:.1f} GiB and {folder} has {free / gib:.1f} GiB free "
+        raise NoSpace(f"the checkpoint needs {bytes_str(need)} and {printable(folder)[:200]} has {bytes_str(free)} free "
                       "(hint: free space there, or give the trial a work folder on a larger disk with --workdir)")
     fs = hostmem.memory_backed(folder)
     if fs is None:
