@@ -13,20 +13,15 @@ from typing import Any
 
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
 from capture.manifest import table_at
-from capture.trial.report.sections import Grid, Section, _generic_rows, _skipped, stack_line
+from capture.trial.report.sections import Grid, Section, _generic_rows, _skipped, opened, stack_line
 from capture.trial.report.values import NOT_MEASURED, _is_num, _table
 
 STRATEGIES = ("ddp", "fsdp")
 
 
 def preflight_section(m: Mapping[str, Any]) -> Section:
-    pre = _table(m, "preflight")
-    sec = Section("Preflight")
-    if not pre:
-        sec.status = NOT_MEASURED
-        return sec
-    if _skipped(pre):
-        sec.status = _skipped(pre)
+    sec, pre = opened(m, "Preflight", "preflight")
+    if pre is None or sec.status:
         return sec
     parts = [str(pre.get("verdict", "?"))]
     extra = [str(x) for x in (pre.get("mode") and f"{pre['mode']} mode", pre.get("device_kind"),
@@ -80,13 +75,8 @@ def _strategy_cell(t: Mapping[str, Any], col: str, key: str) -> str:
 
 def scaling_section(m: Mapping[str, Any]) -> Section:
     """DDP and FSDP side by side with the single-device baseline of the same launch."""
-    t = _table(m, "scaling")
-    sec = Section("Scaling")
-    if not t:
-        sec.status = NOT_MEASURED
-        return sec
-    if _skipped(t):
-        sec.status = _skipped(t)
+    sec, t = opened(m, "Scaling", "scaling")
+    if t is None or sec.status:
         return sec
     n = t.get("world_size", "?")
     coll = table_at(t, "collective")

@@ -41,6 +41,15 @@ def _skipped(table: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def opened(m: Mapping[str, Any], title: str, dotted: str) -> tuple[Section, Mapping[str, Any] | None]:
+    """A section and the manifest table it shows: the status is "not measured" where the table is
+    missing (``None`` comes back), else the stage's skip reason, if any."""
+    table = _table(m, dotted)
+    sec = Section(title)
+    sec.status = _skipped(table) if table else NOT_MEASURED
+    return sec, table or None
+
+
 def stack_line(m: Mapping[str, Any]) -> str:
     acc = _table(m, "accelerator") or {}
     fw = _table(m, "framework") or {}
@@ -84,12 +93,9 @@ def _summary(table: Any, *keys: str) -> str | None:
 
 
 def _run_section(m: Mapping[str, Any]) -> Section:
-    run = _table(m, "trial.run")
-    sec = Section("Run")
-    if not run:
-        sec.status = NOT_MEASURED
+    sec, run = opened(m, "Run", "trial.run")
+    if run is None:
         return sec
-    sec.status = _skipped(run)
     trial = _table(m, "trial") or {}
     shown: set[str] = {"skipped"}
 
@@ -275,12 +281,9 @@ def _steps_section(m: Mapping[str, Any]) -> Section:
 
 
 def _simple_section(m: Mapping[str, Any], title: str, dotted: str) -> Section:
-    table = _table(m, dotted)
-    sec = Section(title)
-    if not table:
-        sec.status = NOT_MEASURED
+    sec, table = opened(m, title, dotted)
+    if table is None:
         return sec
-    sec.status = _skipped(table)
     sec.rows = _generic_rows(table, {"skipped", "phases"})
     return sec
 
@@ -290,10 +293,8 @@ def _cost_section(m: Mapping[str, Any], cost: Any = None) -> Section:
     ``cost``: the figures a caller computed (the decision site, at its price and target)."""
     from capture import costs
 
-    table = _table(m, "trial.cost")
-    sec = Section("Cost")
-    if not table:
-        sec.status = NOT_MEASURED
+    sec, table = opened(m, "Cost", "trial.cost")
+    if table is None:
         return sec
     fig = cost if cost is not None else costs.figures(m)
     sec.status = _skipped(table) or fig.trial_text()
@@ -387,13 +388,8 @@ _RECOVERY_PHASES = ("reference", "save", "worker_start", "restore_build", "base_
 
 
 def _recovery_section(m: Mapping[str, Any]) -> Section:
-    rec = _table(m, "trial.recovery")
-    sec = Section("Recovery")
-    if not rec:
-        sec.status = NOT_MEASURED
-        return sec
-    if _skipped(rec):
-        sec.status = _skipped(rec)
+    sec, rec = opened(m, "Recovery", "trial.recovery")
+    if rec is None or sec.status:
         return sec
     verdict = str(rec.get("verdict") or NOT_MEASURED)
     k, n = rec.get("save_at_step"), rec.get("total_steps")
