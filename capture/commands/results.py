@@ -19,7 +19,10 @@ _ALLOW_UNSIGNED = "display unsigned or tampered manifests and exit as if signed 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pin", help="verify signed manifests, then commit them into a results repository")
-    p.add_argument("files", nargs="+", metavar="FILE", help="signed manifest(s) to pin")
+    p.add_argument("files", nargs="*", metavar="FILE", help="signed manifest(s) to pin")
+    p.add_argument("--reindex", action="store_true",
+                   help="instead of pinning: recompute every row of index.json and index.md from the manifest it "
+                        "lists (each verified again), and commit the index if this capture writes it differently")
     p.add_argument("--repo", required=True, metavar="DIR",
                    help="the results repository (a git work tree, or a folder in one) with .capture/allowed_signers")
     p.add_argument("-m", "--message", metavar="M", help="commit subject (default: a summary of the run)")
@@ -56,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_pin(args: argparse.Namespace) -> int:
     from capture.results.pin import pin
 
+    if args.reindex:
+        return _reindex(args)
+    if not args.files:
+        raise UsageError("no manifest to pin", "name one or more signed manifest files (or --reindex to rebuild the index)")
     result = pin(args.files, args.repo, message=args.message, tag=args.tag)
     if args.json:
         sys.stdout.write(json.dumps({
@@ -72,6 +79,26 @@ def cmd_pin(args: argparse.Namespace) -> int:
                          (f", tag {', '.join(result.tags)}" if result.tags else "") + "\n")
     else:
         sys.stderr.write("nothing new to commit\n")
+    return EXIT_OK
+
+
+def _reindex(args: argparse.Namespace) -> int:
+    from capture.results.pin import reindex
+
+    if args.files or args.tag:
+        raise UsageError("--reindex takes no FILE and no --tag", "pin the files first, then run `capture pin --reindex --repo DIR`")
+    result = reindex(args.repo, message=args.message)
+    if args.json:
+        sys.stdout.write(json.dumps({"commit": result.commit, "rows": result.rows, "changed": list(result.changed)},
+                                    indent=2) + "\n")
+        return EXIT_OK
+    for rel in result.changed:
+        sys.stdout.write(f"recomputed  {rel}\n")
+    if result.commit:
+        sys.stdout.write(f"commit {result.commit[:12]} in {args.repo}: {len(result.changed)} of {result.rows} rows "
+                         "recomputed\n")
+    else:
+        sys.stderr.write(f"the index is current ({result.rows} rows); nothing to commit\n")
     return EXIT_OK
 
 

@@ -97,7 +97,8 @@ def check_write_path(top: Path, rel: str) -> Path:
     p = top
     for part in PurePosixPath(rel).parts:
         if part in ("", ".", ".."):
-            raise UsageError(f"{top}: refusing to write {rel!r} (not a plain relative path)", None)
+            raise UsageError(f"{top}: refusing to write {rel!r} (not a plain relative path)",
+                             "pin writes only plain relative paths inside the repository")
         p = p / part
         if p.is_symlink():
             raise UsageError(f"{p}: is a symlink; pin writes only real files and folders inside {top}",

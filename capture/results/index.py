@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from capture import _json
+from capture._safe_read import MIB, read_regular
 from capture.errors import ManifestError
 from capture.costs import DEFAULT_TARGET_TOKENS, money_str
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
@@ -23,25 +24,35 @@ INDEX_MD = "index.md"
 INDEX_SCHEMA_VERSION = 1
 
 
-def load_rows(root: Path) -> list[dict[str, Any]]:
-    """Rows of ``root/index.json``; an absent index is an empty one."""
+INDEX_MAX_BYTES = 64 * MIB
+"""index.json larger than this is refused (about 100,000 runs)."""
+
+
+def load_rows(root: Path) -> list[dict[str, Any]] | None:
+    """Rows of ``root/index.json``, ``None`` when there is none: the one reader of the index, for
+    `pin` (which adds rows) and `verify DIR` (which checks that each pinned file is listed). The
+    file is read as hostile input (a FIFO, a link to /dev/zero, 5,000-digit numbers): any problem is
+    one :class:`ManifestError` (exit 3)."""
     path = root / INDEX_JSON
+    hint = f"restore it from git (`git checkout -- {INDEX_JSON}`) and pin again"
     try:
-        doc = _json.loads(path.read_bytes())
+        raw = read_regular(path, INDEX_MAX_BYTES, ManifestError, "index")
     except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read the index ({exc.strerror})",
-                            "restore it from git (`git checkout -- index.json`) and pin again") from None
+        return None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise ManifestError(f"{path}: cannot read the index ({exc.strerror})", hint) from None
+    try:
+        doc = _json.loads(raw)
     except _json.JsonError as exc:  # bad JSON, an integer of 5,000 digits, nesting too deep
-        raise ManifestError(f"{path}: cannot read the index ({exc.reason})",
-                            "restore it from git (`git checkout -- index.json`) and pin again") from None
+        raise ManifestError(f"{path}: cannot read the index (not JSON: {exc.reason})", hint) from None
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):
-        raise ManifestError(f"{path}: not a capture index (expected {{\"runs\": [{{\"path\": ...}}, ...]}})",
-                            "restore it from git and pin again")
-    if doc.get("schema_version", 1) > INDEX_SCHEMA_VERSION:
-        raise ManifestError(f"{path}: index schema_version {doc['schema_version']} is newer than this capture",
+        raise ManifestError(f"{path}: not a capture index (expected {{\"runs\": [{{\"path\": ...}}, ...]}})", hint)
+    version = doc.get("schema_version", 1)
+    if type(version) is not int:
+        raise ManifestError(f"{path}: not a capture index (schema_version {str(version)[:40]!r} is not an integer)", hint)
+    if version > INDEX_SCHEMA_VERSION:
+        raise ManifestError(f"{path}: index schema_version {version} is newer than this capture",
                             "upgrade capture to pin into this repository")
     return runs
 

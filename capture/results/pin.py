@@ -33,11 +33,12 @@ import datetime as _dt
 import io
 import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from capture._toml import TomlError
 from capture._toml import loads as toml_loads
@@ -46,11 +47,15 @@ from capture.results import _publish
 from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
 from capture.verify.open import SignatureStatus, load_allowed, open_manifest, trust_root
+from capture._escape import printable
 from capture._safe_read import CONFIG_MAX_BYTES, read_regular
 from capture.fmt import number_str
 from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_PINNED = re.compile(r"[a-z0-9][a-z0-9-]*/[0-9]{4}-[0-9]{2}-[0-9]{2}/[0-9a-f]{12}\.toml")
+"""The path :func:`pin_path` gives a manifest: no "..", no leading "/", nothing else."""
 
 TRUST_FILE = trust_root.TRUST_FILE
 """Where a results repository keeps its trusted signers, relative to its root."""
@@ -211,6 +216,12 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     """Verify ``files`` and commit the new ones into the results repository at ``repo_dir``."""
     if not files:
         raise UsageError("no manifest to pin", "name one or more signed manifest files")
+    return _with_lock(repo_dir, lambda repo, top, root, rel_root: _pin_locked(repo, top, root, rel_root, files, message, tag))
+
+
+def _with_lock(repo_dir: str | os.PathLike[str], work: Callable[[Any, Path, Path, str], _T]) -> _T:
+    """``work(repo, top, root, rel_root)`` holding the repository's pin lock, after repairing an
+    interrupted pin; nothing is visible until ``work`` commits."""
     repo = open_results_repo(repo_dir)
     top = Path(repo.working_tree_dir).resolve()
     root = Path(repo_dir).resolve()
@@ -222,11 +233,76 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
             if done:
                 print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
             _hook("locked")
-            return _pin_locked(repo, top, root, rel_root, files, message, tag)
+            return work(repo, top, root, rel_root)
     except OSError as exc:  # .git not writable, a full disk: nothing of this pin is visible yet
         where = exc.filename or git_dir
         raise UsageError(f"{top}: pin cannot write {where} ({exc.strerror or exc}); the repository was left as it was",
                          "pin as a user who can write the repository's .git folder, or free space there") from None
+
+
+@dataclass(frozen=True)
+class ReindexResult:
+    rows: int
+    """Rows in the index (one per pinned manifest)."""
+    changed: tuple[str, ...]
+    """The paths whose row this capture computes differently from the one in the index."""
+    commit: str | None
+    """The new commit, or None when the index was already what this capture writes."""
+
+
+def reindex(repo_dir: str | os.PathLike[str], message: str | None = None) -> ReindexResult:
+    """Recompute every row of the index from the manifest it lists, and commit the index if any
+    row (or index.md's layout) changed: rows that an older capture wrote then read as this one's.
+    Every listed manifest is read through the door and must be signed by a signer this
+    repository trusts and named by its content id, as at pin time; one that is absent, untrusted
+    or renamed stops the reindex with nothing changed. Manifests the index does not list are not
+    added (`capture pin` adds them)."""
+    return _with_lock(repo_dir, lambda repo, top, root, rel_root: _reindex_locked(repo, top, root, rel_root, message))
+
+
+def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | None) -> ReindexResult:
+    _check_layout(root)
+    _check_clean(repo, rel_root)
+    allowed = load_allowed(_trust_file(repo, root, rel_root))
+    old_rows = _index.load_rows(root) or []
+    rows, changed = [], []
+    for old in old_rows:
+        rel = old["path"]
+        if not _PINNED.fullmatch(rel):
+            raise ManifestError(f"{root / _index.INDEX_JSON}: lists {printable(rel)[:200]!r}, not a pinned file's path "
+                                "(<accelerator>/<YYYY-MM-DD>/<content id>.toml); the index was left as it was",
+                                f"restore it from git (`git checkout -- {_index.INDEX_JSON}`)")
+        source = _publish.check_write_path(top, _repo_path(rel_root, rel))  # no symlinked folder
+        if not source.is_file():
+            raise ManifestError(f"{source}: listed in {_index.INDEX_JSON} but absent; the index was left as it was",
+                                f"restore it from git (`git checkout -- {rel}`), or remove its row with the commit that removed it")
+        opened = open_manifest(str(source), allowed, require_trusted=True)
+        if pin_path(opened.data, opened.raw, str(source)) != rel:
+            raise TrustError(f"{source}: pinned files are named <accelerator>/<date>/<content id>.toml, and this one "
+                             f"would be {pin_path(opened.data, opened.raw, str(source))}; the index was left as it was",
+                             f"restore it from git (`git checkout -- {rel}`)")
+        row = summarize(opened.data, opened.raw, rel, opened.signature.principal, opened.signature.fingerprint).to_json()
+        rows.append(row)
+        if row != old:
+            changed.append(rel)
+    rows = _index.merge_rows([], rows)
+    plan = _Plan()
+    for name, data in ((_index.INDEX_JSON, _index.render_json(rows)), (_index.INDEX_MD, _index.render_markdown(rows))):
+        path = _publish.check_write_path(top, _repo_path(rel_root, name))
+        try:
+            same = path.read_bytes() == data
+        except OSError:
+            same = False
+        if not same:
+            plan.files[_repo_path(rel_root, name)] = data
+    if not plan.files:
+        return ReindexResult(len(rows), tuple(changed), None)
+    from capture import __version__
+
+    subject = message or f"reindex: {len(changed)} of {len(rows)} rows recomputed by capture {__version__}"
+    body = "".join(f"- {rel}\n" for rel in changed)
+    commit = _commit_atomically(repo, top, plan, subject + ("\n\n" + body if body else "\n"), ())
+    return ReindexResult(len(rows), tuple(changed), commit)
 
 
 def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str], message: str | None,
@@ -263,7 +339,7 @@ def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str]
         return PinResult(tuple(runs), None)
     for name in (_index.INDEX_JSON, _index.INDEX_MD):
         _publish.check_write_path(top, _repo_path(rel_root, name))
-    rows = _index.merge_rows(_index.load_rows(root), (r.summary.to_json() for r in new_runs))
+    rows = _index.merge_rows(_index.load_rows(root) or [], (r.summary.to_json() for r in new_runs))
     plan.files[_repo_path(rel_root, _index.INDEX_JSON)] = _index.render_json(rows)
     plan.files[_repo_path(rel_root, _index.INDEX_MD)] = _index.render_markdown(rows)
 

@@ -19,35 +19,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from capture import _json
-from capture._safe_read import MIB, read_regular
 from capture.errors import EXIT_MALFORMED, EXIT_SIGNATURE, ManifestError
-from capture.results.index import INDEX_JSON
+from capture.results.index import INDEX_JSON, load_rows
 from capture.verify.single import Verdict
-
-INDEX_MAX_BYTES = 64 * MIB
-"""index.json larger than this is refused (about 100,000 runs)."""
-
-
-def load_index_paths(root: Path) -> set[str] | None:
-    """The ``path`` of every row of ``root/index.json`` (None when there is no index)."""
-    path = root / INDEX_JSON
-    try:
-        raw = read_regular(path, INDEX_MAX_BYTES, ManifestError, "index")
-    except FileNotFoundError:
-        return None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise ManifestError(f"{path}: cannot read the index ({exc.strerror})", "restore it from git") from None
-    try:
-        doc = _json.loads(raw)
-    except _json.JsonError as exc:
-        raise ManifestError(f"{path}: not JSON ({exc.reason})",
-                            "restore it from git (`git checkout -- index.json`)") from None
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("path"), str) for r in runs):
-        raise ManifestError(f"{path}: not a capture index (expected {{\"runs\": [{{\"path\": ...}}, ...]}})",
-                            "restore it from git")
-    return {r["path"] for r in runs}
 
 
 def _rel(path: str, root: Path) -> str:
@@ -62,7 +36,8 @@ def check(entries: Sequence[Verdict], content_ids: Sequence[str | None], roots: 
     indexes: dict[Path, set[str] | ManifestError | None] = {}
     for present in {r for r in roots if r is not None}:
         try:
-            indexes[present] = load_index_paths(present)
+            rows = load_rows(present)
+            indexes[present] = None if rows is None else {r["path"] for r in rows}
         except ManifestError as exc:
             indexes[present] = exc
     out: list[Verdict] = []
