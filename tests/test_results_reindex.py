@@ -145,3 +145,32 @@ def test_reindex_and_pin_arguments(pinned, tmp_path, capsys):
     assert "--reindex takes no FILE" in capsys.readouterr().err
     assert main(["pin", "--reindex", "--repo", str(tmp_path / "nowhere")]) == 2
     assert reindex(repo).commit is None
+
+
+def test_an_ignored_fifo_where_the_index_or_a_manifest_goes_is_one_error_not_a_hang(pinned, people, tmp_path):
+    """Paths git ignores pass the clean-repository check, so they are read as hostile too: a FIFO
+    where index.md or a manifest is to be compared would block a plain read forever."""
+    import subprocess
+    import sys
+
+    repo, paths = pinned
+    git(repo, "rm", "-q", "--cached", "index.md")
+    (repo / ".gitignore").write_text("index.md\nnvidia-h200-x1/2026-12-04/\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-qm", "index.md ignored")
+    (repo / "index.md").unlink()
+    os.mkfifo(repo / "index.md")
+    cli = [sys.executable, "-m", "capture", "pin"]
+    proc = subprocess.run([*cli, "--reindex", "--repo", str(repo)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and "a FIFO" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    run = tmp_path / "run-04.toml"
+    people["alice"].write(run, h200_manifest(created_utc="2026-12-04T10:15:00Z"))
+    from capture.results.pin import pin_path
+    from capture.verify.open import open_manifest
+
+    opened = open_manifest(str(run), require_trusted=False)
+    rel = pin_path(opened.data, opened.raw)
+    (repo / rel).parent.mkdir(parents=True)
+    os.mkfifo(repo / rel)
+    proc = subprocess.run([*cli, str(run), "--repo", str(repo)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and "a FIFO" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -48,7 +48,7 @@ from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
 from capture.verify.open import SignatureStatus, load_allowed, open_manifest, trust_root
 from capture._escape import printable
-from capture._safe_read import CONFIG_MAX_BYTES, read_regular
+from capture._safe_read import CONFIG_MAX_BYTES, MANIFEST_MAX_BYTES, read_regular
 from capture.fmt import number_str
 from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
 
@@ -289,11 +289,7 @@ def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | N
     plan = _Plan()
     for name, data in ((_index.INDEX_JSON, _index.render_json(rows)), (_index.INDEX_MD, _index.render_markdown(rows))):
         path = _publish.check_write_path(top, _repo_path(rel_root, name))
-        try:
-            same = path.read_bytes() == data
-        except OSError:
-            same = False
-        if not same:
+        if _current(path, _index.INDEX_MAX_BYTES, "index") != data:
             plan.files[_repo_path(rel_root, name)] = data
     if not plan.files:
         return ReindexResult(len(rows), tuple(changed), None)
@@ -323,10 +319,7 @@ def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str]
             continue
         in_this_call.add(rel)
         _publish.check_write_path(top, _repo_path(rel_root, rel))
-        try:
-            existing = (root / rel).read_bytes()
-        except FileNotFoundError:
-            existing = None
+        existing = _current(root / rel, MANIFEST_MAX_BYTES, "pinned manifest")
         if existing is not None and existing != raw:
             raise UsageError(f"{root / rel}: a different file is already pinned at this path; refusing to overwrite it",
                              "the content ids collide; check the repository with `capture verify` and `git log -- PATH`")
@@ -350,6 +343,17 @@ def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str]
     msg = commit_message(runs, message)
     commit = _commit_atomically(repo, top, plan, msg, tags)
     return PinResult(tuple(runs), commit, tags, msg)
+
+
+def _current(path: Path, limit: int, what: str) -> bytes | None:
+    """What ``path`` holds now (None: nothing there), read as hostile input: a FIFO or a device an
+    ignored path holds is an error (exit 3), never a read that blocks or does not end."""
+    try:
+        return read_regular(path, limit, ManifestError, what)
+    except FileNotFoundError:
+        return None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise ManifestError(f"{path}: cannot read it ({exc.strerror})", "remove or restore it and pin again") from None
 
 
 def _repo_path(rel_root: str, rel: str) -> str:
