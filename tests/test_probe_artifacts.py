@@ -139,6 +139,17 @@ def test_ref_to_a_snapshot_that_is_not_downloaded(cache: Path) -> None:
         artifacts.probe_models(ProbeOptions(models=("EleutherAI/gpt-j-6B@dev",), hf_cache=cache))
 
 
+@pytest.mark.parametrize("content", ["../../../..", "../../../../../" + "x" * 20, "main", "", "d" * 39 + "\n", "D" * 40])
+def test_a_ref_that_does_not_hold_a_commit_hash_names_no_folder(cache: Path, content: str) -> None:
+    """refs/<name> names the snapshot folder to hash: one that holds a path ("../../../.." would make
+    the probe walk and hash a folder outside the cache) or anything but a commit hash is refused."""
+    (cache / "models--EleutherAI--gpt-j-6B" / "refs" / "dev").write_text(content)
+    with pytest.raises(UsageError, match="ref dev holds .*, not a commit hash"):
+        artifacts.probe_models(ProbeOptions(models=("EleutherAI/gpt-j-6B@dev",), hf_cache=cache))
+    (cache / "models--EleutherAI--gpt-j-6B" / "refs" / "dev").write_text("a" * 40 + "\n")  # hub writes none; git does
+    assert artifacts.probe_models(ProbeOptions(models=("EleutherAI/gpt-j-6B@dev",), hf_cache=cache))[0].commit == "a" * 40
+
+
 def test_verify_catches_a_corrupted_blob(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = ("EleutherAI/gpt-j-6B",)
     (good,) = artifacts.probe_models(ProbeOptions(models=spec, hf_cache=cache, verify_artifacts=True, progress=False))

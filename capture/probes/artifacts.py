@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from capture._escape import printable
+from capture._safe_read import read_prefix
 from capture.errors import ArtifactMismatch, UsageError
 from capture import paths
 from capture.probes import ProbeOptions
@@ -38,6 +40,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 _HEX_PREFIX = re.compile(r"[0-9a-f]{4,40}")
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+"""What a hub cache's ``refs/<name>`` file holds: a git commit hash (SHA-1; SHA-256 for a repository
+in git's newer object format)."""
 _CHUNK = 1 << 20
 
 
@@ -169,7 +174,11 @@ def resolve_commit(cache: Path, kind: str, repo_id: str, rev: str, spec: str) ->
         raise _not_cached(spec, kind, repo_id, rev, cache, f"no {folder.name}")
     ref = folder / "refs" / rev
     if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
+        text = (read_prefix(ref, 256) or b"").decode("ascii", "replace").strip()
+        if not _COMMIT.fullmatch(text):  # a snapshot folder is named by it: never "../..", never a path
+            raise _not_cached(spec, kind, repo_id, rev, cache,
+                              f"ref {rev} holds {printable(text)[:60]!r}, not a commit hash")
+        commit = text
     elif _HEX_PREFIX.fullmatch(rev):
         try:
             snapshots = sorted(p.name for p in (folder / "snapshots").iterdir() if p.name.startswith(rev))
