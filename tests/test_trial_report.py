@@ -367,3 +367,56 @@ def test_recovery_fields_a_newer_stage_adds_are_shown():
     assert re.search(r"COMPONENT VERDICT +all restored state matches", text)
     assert re.search(r"restored: component +hash saved +hash restored +equal", text)
     assert re.search(r"rng_cuda +sha256:bb +no", text)
+
+
+QLORA_TRAINING = {  # trial.run.training of the QLoRA run pinned at manifests/nvidia-h100-80gb-hbm3-x1/2026-12-06/13704c81bf7e.toml
+    "compile": {"enabled": False, "requested": False},
+    "gradient_checkpointing": {"enabled": True, "layers": 32, "layers_checkpointed": 32, "use_reentrant": False},
+    "loss": {"implementation": "LlamaForCausalLM.forward(labels=...): cross-entropy over the full logits", "name": "standard"},
+    "quantization": {"blocksize": 64, "compute_dtype": "bf16", "double_quant": True, "layers": 224,
+                     "library": "bitsandbytes", "library_version": "0.50.2", "method": "nf4"},
+}
+
+
+def _run_rows(m: dict) -> dict[str, str]:
+    from capture.trial.report.sections import _run_section
+
+    return dict(_run_section(m).rows)
+
+
+def test_the_settings_that_make_a_run_fit_read_one_row_each_in_terminal_and_html(tmp_path):
+    """Issue 22: the attention kernel, checkpointing, quantization, compile and the loss as they
+    ran, each a row of its own (they were one run-on ``gradient_checkpointing=enabled=no, ...``
+    line, and the attention implementation was not shown at all)."""
+    m = _manifest()
+    m["trial"]["run"]["model"] = {**(m["trial"]["run"].get("model") or {}), "attn_implementation": "sdpa"}
+    m["trial"]["run"]["training"] = copy.deepcopy(QLORA_TRAINING)
+    rows = _run_rows(m)
+    assert rows["attention"] == "sdpa"
+    assert rows["checkpointing"] == "on: 32 of 32 decoder layers, non-reentrant"
+    assert rows["quantization"] == "nf4 (bitsandbytes 0.50.2): 224 layers, compute bf16, double quant, block 64"
+    assert rows["compile"] == "off"
+    assert rows["loss"] == "standard: LlamaForCausalLM.forward(labels=...): cross-entropy over the full logits"
+    assert "training" not in rows and not any("=" in v for k, v in rows.items() if k in ("checkpointing", "quantization"))
+    text = report.render_terminal(m, colour=False, width=100)
+    assert re.search(r"\n +checkpointing +on: 32 of 32 decoder layers, non-reentrant\n", text)
+    html_path = report.write_html(m, tmp_path / "r.html")
+    html = html_path.read_text()
+    assert "on: 32 of 32 decoder layers, non-reentrant" in html and "attention" in html
+
+    # What differs from what was asked says both; a key a newer trial adds is still shown.
+    training = m["trial"]["run"]["training"]
+    training["compile"] = {"enabled": False, "requested": True}
+    training["gradient_checkpointing"] = {"enabled": False, "layers": 32, "layers_checkpointed": 0}
+    training["quantization"] = {"method": "none"}
+    training["loss"] = {"name": "chunked", "implementation": "capture's chunked linear cross-entropy in torch",
+                        "chunk_tokens": 4096, "liger_unavailable": "ImportError: no module named liger_kernel"}
+    training["offload"] = {"enabled": True}
+    rows = _run_rows(m)
+    assert rows["compile"] == "asked for, not applied" and rows["checkpointing"] == "off" and rows["quantization"] == "none"
+    assert rows["loss"] == ("chunked: capture's chunked linear cross-entropy in torch; 4,096-token chunks "
+                            "(liger-kernel not used: ImportError: no module named liger_kernel)")
+    assert rows["offload"] == "enabled=yes"
+    compiled = {**training, "compile": {"enabled": True, "requested": True, "target": "decoder"}}
+    m["trial"]["run"]["training"] = compiled
+    assert _run_rows(m)["compile"] == "on (decoder)"
