@@ -420,3 +420,29 @@ def test_the_settings_that_make_a_run_fit_read_one_row_each_in_terminal_and_html
     compiled = {**training, "compile": {"enabled": True, "requested": True, "target": "decoder"}}
     m["trial"]["run"]["training"] = compiled
     assert _run_rows(m)["compile"] == "on (decoder)"
+
+
+def test_terms_measured_alone_are_a_table_beside_their_estimates():
+    """trial.memory.terms (a QLoRA run on an H100, as pinned) was one run-on
+    ``weights=measured_bytes=..., estimate_bytes=...`` line; now a row a term with its error."""
+    m = _manifest()
+    m["trial"]["memory"]["terms"] = {
+        "allocator_reserve": {"basis": "peak reserved - peak allocated (the caching allocator's blocks beyond tensors)",
+                              "estimate_bytes": 5721741312, "measured_bytes": 4645220352, "miss_bytes": 1076520960},
+        "optimizer_state": {"basis": "the optimizer's state tensors after the steps, each storage once",
+                            "error": 0.0006782495515847312, "estimate_bytes": 335773696, "params_with_state": 448,
+                            "state_bytes": 335546112, "state_bytes_by_dtype": {"float32": 335546112}},
+        "weights": {"error": -7.849378451328098e-05, "estimate_bytes": 5870067712, "measured_bytes": 5870528512},
+    }
+    from capture.trial.report.sections import _memory_section
+
+    sec = _memory_section(m)
+    assert not any(label == "terms" for label, _ in sec.rows)
+    grid = next(g for g in sec.grids if g.headers[0] == "term measured alone")
+    by_term = {r[0]: r for r in grid.rows}
+    assert by_term["allocator reserve"][1:4] == ["4.33 GiB", "5.33 GiB", "+23.2 %"]
+    assert by_term["optimizer state"][1:4] == ["320.00 MiB", "320.22 MiB", "+0.1 %"]
+    assert by_term["optimizer state"][4].endswith("params with state 448; state bytes by dtype float32=320.00 MiB")
+    assert by_term["weights"][1:] == ["5.47 GiB", "5.47 GiB", "-0.0 %", ""]
+    text = report.render_terminal(m, colour=False, width=100)
+    assert re.search(r"allocator reserve +4\.33 GiB +5\.33 GiB +\+23\.2 %", text)

@@ -222,13 +222,38 @@ def _memory_section(m: Mapping[str, Any]) -> Section:
         sec.rows += [(f"  {a}", b) for a, b in _generic_rows(meas, {k for keys in _MEASURED_KEYS for k in keys})]
     else:
         sec.rows.append(("measured", NOT_MEASURED))
-    sec.rows += _generic_rows(mem, {"estimate", "measured", "skipped"})
+    terms = mem.get("terms")
+    grid = _terms_grid(terms) if isinstance(terms, Mapping) else None
+    if grid is not None:
+        sec.grids.append(grid)
+    sec.rows += _generic_rows(mem, {"estimate", "measured", "skipped"} | ({"terms"} if grid is not None else set()))
     err = mem.get("estimate_error")
     if total is not None and ref is not None and ref[1] > 0:
         if not _is_num(err):
             err = (total - ref[1]) / ref[1]
         sec.status = f"estimate {bytes_str(total)} vs measured {bytes_str(ref[1])} {ref[0]} (error {err * 100:+.1f} %)"
     return sec
+
+
+_TERM_KEYS = frozenset({"measured_bytes", "state_bytes", "estimate_bytes", "error", "miss_bytes", "basis"})
+
+
+def _terms_grid(terms: Mapping[str, Any]) -> Grid | None:
+    """Each term measured on its own (weights as built, the optimizer's state, the allocator's
+    peak and reserve) beside its estimate: one row a term, what else it recorded in its note."""
+    rows = []
+    for name, t in terms.items():
+        if not isinstance(t, Mapping):
+            continue
+        measured = t.get("measured_bytes", t.get("state_bytes"))
+        est, err = t.get("estimate_bytes"), t.get("error")
+        if not _is_num(err) and _is_num(measured) and _is_num(est) and measured:
+            err = (est - measured) / measured
+        extra = "; ".join(f"{_label(k)} {fmt_value(k, v)}" for k, v in t.items() if k not in _TERM_KEYS)
+        note = "; ".join(x for x in (str(t["basis"]) if t.get("basis") else "", extra) if x)
+        rows.append([name.replace("_", " "), bytes_str(measured) if _is_num(measured) else "-",
+                     bytes_str(est) if _is_num(est) else "-", f"{err * 100:+.1f} %" if _is_num(err) else "-", note])
+    return Grid(["term measured alone", "measured", "estimate", "error", "how measured"], rows) if rows else None
 
 
 def step_times(m: Mapping[str, Any]) -> tuple[list[float], int]:

@@ -45,8 +45,8 @@ def fmt_value(key: str, v: Any) -> str:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, Mapping):
-        return ", ".join(f"{k}={fmt_value(str(k), x)}" for k, x in v.items())
+    if isinstance(v, Mapping):  # ``state_bytes_by_dtype``: each value in the unit of ``state_bytes``
+        return ", ".join(f"{k}={fmt_value(key.rpartition('_by_')[0] if '_by_' in key else str(k), x)}" for k, x in v.items())
     if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
         nums = _numbers(v)
         if len(v) > 6:
