@@ -446,3 +446,23 @@ def test_terms_measured_alone_are_a_table_beside_their_estimates():
     assert by_term["weights"][1:] == ["5.47 GiB", "5.47 GiB", "-0.0 %", ""]
     text = report.render_terminal(m, colour=False, width=100)
     assert re.search(r"allocator reserve +4\.33 GiB +5\.33 GiB +\+23\.2 %", text)
+
+
+def test_a_sub_table_reads_one_row_per_entry_not_a_run_on_line():
+    """``plan = {checkpoint=full, restore=..., ...}`` was one ``k=v, k=v`` line wrapped over four;
+    more than two entries are now rows of their own under the table's row, deeper tables indented
+    again, two or fewer stay on the line as ``label value``."""
+    from capture.trial.report.sections import _generic_rows, recovery_extras
+
+    rec = {"plan": {"checkpoint": "full", "early_build": True, "memory": {"limit_bytes": 2**30, "peak_bytes": 2**29,
+                                                                          "overlap": False}},
+           "deterministic": {"enabled": False, "requested": "auto"},
+           "second_resume": {"verdict": "bit-exact", "step": 3, "components": 7, "note": "from the second checkpoint"}}
+    rows, _ = recovery_extras(rec, set())
+    assert rows == [("plan", ""), ("  checkpoint", "full"), ("  early build", "yes"), ("  memory", ""),
+                    ("    limit", "1.00 GiB"), ("    peak", "512.00 MiB"), ("    overlap", "no"),
+                    ("deterministic", "enabled no · requested auto"),
+                    ("second resume", "BIT-EXACT"), ("  step", "3"), ("  components", "7"),
+                    ("  note", "from the second checkpoint")]
+    assert _generic_rows({"schedule": {"every_steps": 50, "batches": 4}, "timings": {"a_s": 1.0, "b_s": 0.5, "c_s": 2}}) == [
+        ("schedule", "every_steps=50, batches=4"), ("timings", ""), ("  a", "1.00 s"), ("  b", "500.0 ms"), ("  c", "2.00 s")]

@@ -29,11 +29,33 @@ class Section:
 
 
 def _generic_rows(table: Mapping[str, Any] | None, known: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """Every key not shown otherwise, formatted by its unit (arrays of tables are left to grids)."""
+    """Every key not shown otherwise, formatted by its unit (arrays of tables are left to grids);
+    a sub-table of more than two entries is a row of its own per entry (:func:`_sub_rows`), not one
+    ``k=v, k=v`` line."""
     if not table:
         return []
-    return [(_label(k), fmt_value(k, v)) for k, v in table.items()
-            if k not in known and not (isinstance(v, list) and v and isinstance(v[0], Mapping))]
+    rows: list[tuple[str, str]] = []
+    for k, v in table.items():
+        if k in known or (isinstance(v, list) and v and isinstance(v[0], Mapping)):
+            continue
+        if isinstance(v, Mapping) and len(v) > 2:
+            rows.append((_label(k), ""))
+            rows += _sub_rows(v)
+        else:
+            rows.append((_label(k), fmt_value(k, v)))
+    return rows
+
+
+def _sub_rows(table: Mapping[str, Any], indent: str = "  ") -> list[tuple[str, str]]:
+    """A sub-table's entries, indented under its row; deeper tables indented again."""
+    rows: list[tuple[str, str]] = []
+    for k, v in table.items():
+        if isinstance(v, Mapping) and len(v) > 2 and len(indent) < 6:
+            rows.append((f"{indent}{_label(str(k))}", ""))
+            rows += _sub_rows(v, indent + "  ")
+        else:
+            rows.append((f"{indent}{_label(str(k))}", fmt_value(str(k), v)))
+    return rows
 
 
 def _skipped(table: Mapping[str, Any] | None) -> str | None:
@@ -527,12 +549,18 @@ def recovery_extras(rec: Mapping[str, Any], known: set[str]) -> tuple[list[tuple
                               [[fmt_value(h, x.get(h)) if x.get(h) is not None else "" for h in heads] for x in v]))
         elif isinstance(v, Mapping):
             verdict = _first(v, "verdict")
-            rows.append((k.replace("_", " "), (f"{str(verdict).upper()} · " if verdict else "")
-                         + ", ".join(f"{a}={fmt_value(a, b)}" for a, b in v.items() if a != "verdict")))
+            rest = {a: b for a, b in v.items() if a != "verdict"}
+            head = str(verdict).upper() if verdict else ""
+            if len(rest) > 2:
+                rows.append((_label(k), head))
+                rows += _sub_rows(rest)
+            else:
+                rows.append((_label(k), " · ".join(filter(None, [head, *(f"{_label(a)} {fmt_value(a, b)}"
+                                                                         for a, b in rest.items())]))))
         elif "verdict" in k:
             rows.insert(0, (k.replace("_", " ").upper(), str(v)))
         else:
-            rows.append((k.replace("_", " "), fmt_value(k, v)))
+            rows.append((_label(k), fmt_value(k, v)))
     return rows, grids
 
 
