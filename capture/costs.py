@@ -188,17 +188,20 @@ class CostFigures:
             out.update(price_per_device_hour=self.price.per_device_hour, price_source=self.price.source)
         return {k: v for k, v in out.items() if v is not None}
 
-    def trial_text(self) -> str:
+    def _unpriced(self, what: str, with_note: bool) -> str:
+        return f"{what} ({self.note})" if self.note and with_note else what if self.note else MISSING
+
+    def trial_text(self, with_note: bool = True) -> str:
         if self.trial_cost is None:
-            return f"not priced ({self.note})" if self.note else MISSING
+            return self._unpriced("not priced", with_note)
         per = self.trial_cost_per_million_trained_tokens
         wall = f", {seconds_str(self.trial_wall_s)}" if self.trial_wall_s is not None else ""
         return (f"{self.money(self.trial_cost)} for the whole trial{wall}"
                 + (f"; {self.money(per)} per million trained tokens" if per is not None else ""))
 
-    def steady_text(self) -> str:
+    def steady_text(self, with_note: bool = True) -> str:
         if self.steady_cost_per_million_tokens is None:
-            return f"not priced ({self.note})" if self.note else MISSING
+            return self._unpriced("not priced", with_note)
         p = self.price
         assert p is not None
         devices = f"{self.devices} device" + ("s" if self.devices != 1 else "")
@@ -206,17 +209,25 @@ class CostFigures:
                 f"({p.per_device_hour:g} {self.currency} per device-hour x {devices} "
                 f"at {number_str(self.tokens_per_s)} tokens/s)")
 
-    def projected_text(self) -> str:
+    def projected_text(self, with_note: bool = True) -> str:
         if self.projection is None:
-            return f"not projected ({self.note})" if self.note else MISSING
+            return self._unpriced("not projected", with_note)
         time = seconds_str(self.projected_time_s)
         cost = f"{self.money(self.projected_cost)} and " if self.projected_cost is not None else ""
-        unpriced = f"; no cost: {self.note}" if self.projected_cost is None and self.note else ""
+        unpriced = ("; no cost" + (f": {self.note}" if with_note else "")) if self.projected_cost is None and self.note else ""
         return f"{cost}{time} to {self.target.text()}{unpriced}"
 
-    def texts(self) -> list[tuple[str, str]]:
-        """The three figures as (name, text), in the vocabulary's order."""
-        return [(TRIAL_COST, self.trial_text()), (STEADY_COST, self.steady_text()), (PROJECTED, self.projected_text())]
+    def texts(self, note: bool = True) -> list[tuple[str, str]]:
+        """The three figures as (name, text), in the vocabulary's order. Why a figure is missing
+        (``note``) is said once, at the first figure it leaves out; ``note=False``: never (a caller
+        that said it already)."""
+        out = []
+        for name, text in ((TRIAL_COST, self.trial_text), (STEADY_COST, self.steady_text), (PROJECTED, self.projected_text)):
+            full = text(note)
+            out.append((name, full))
+            if note and self.note and self.note in full:
+                note = False
+        return out
 
     def projection_rows(self) -> list[list[str]]:
         """The projection as a table: each part's time and cost ([part, time, cost])."""

@@ -156,6 +156,26 @@ def test_every_reader_shows_the_same_three_figures(tmp_path, monkeypatch, capsys
 # --------------------------------------------------------------------------- within 100 columns
 
 
+def test_why_a_cost_is_missing_is_said_once_where_the_three_figures_stand_together():
+    """An unpriced run said "no price: give --price (decide) or ..." after each of the three figures
+    and again in the Cost section's heading: six times in one report. Now once, at the first figure
+    it leaves out (terminal panel, Cost section, show), and the others read "not priced"."""
+    from capture.trial import report
+
+    data = mf.parse_body(mf.split_signed(H200_A.read_bytes())[0])
+    fig = costs.figures(data, price=None)
+    assert fig.note and fig.trial_cost is None and fig.projection is not None
+    texts = dict(fig.texts())
+    assert texts[costs.TRIAL_COST] == f"not priced ({fig.note})"
+    assert texts[costs.STEADY_COST] == "not priced"
+    assert texts[costs.PROJECTED].endswith("; no cost") and fig.note not in texts[costs.PROJECTED]
+    assert all(fig.note not in t for _, t in fig.texts(note=False))
+    data["trial"]["cost"].pop("price_per_hour", None)
+    assert costs.figures(data).note == fig.note
+    text = report.render_terminal(data, colour=False, width=400)
+    assert text.count(fig.note) == 2, text  # the panel once, the Cost section once
+
+
 def test_decide_fits_100_columns_and_breaks_no_word(cpu_run, columns, capsys):
     out_path, trust, _ = cpu_run
     assert main(["decide", str(MANIFESTS), str(out_path)]) == 0

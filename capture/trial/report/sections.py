@@ -352,7 +352,7 @@ def _cost_section(m: Mapping[str, Any], cost: Any = None) -> Section:
         return sec
     fig = cost if cost is not None else costs.figures(m)
     sec.status = _skipped(table) or fig.trial_text()
-    sec.rows = list(fig.texts())
+    sec.rows = fig.texts(note=fig.note is None or fig.note not in sec.status)
     if fig.price is not None:
         sec.rows.append(("price", f"{fig.price.per_device_hour:g} {fig.currency} per device-hour ({fig.price.source})"))
     own = dig(m, "trial.cost.projection.target_tokens")
