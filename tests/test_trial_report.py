@@ -416,7 +416,7 @@ def test_the_settings_that_make_a_run_fit_read_one_row_each_in_terminal_and_html
     assert rows["compile"] == "asked for, not applied" and rows["checkpointing"] == "off" and rows["quantization"] == "none"
     assert rows["loss"] == ("chunked: capture's chunked linear cross-entropy in torch; 4,096-token chunks "
                             "(liger-kernel not used: ImportError: no module named liger_kernel)")
-    assert rows["offload"] == "enabled=yes"
+    assert rows["offload"] == "enabled yes"
     compiled = {**training, "compile": {"enabled": True, "requested": True, "target": "decoder"}}
     m["trial"]["run"]["training"] = compiled
     assert _run_rows(m)["compile"] == "on (decoder)"
@@ -465,4 +465,4 @@ def test_a_sub_table_reads_one_row_per_entry_not_a_run_on_line():
                     ("second resume", "BIT-EXACT"), ("  step", "3"), ("  components", "7"),
                     ("  note", "from the second checkpoint")]
     assert _generic_rows({"schedule": {"every_steps": 50, "batches": 4}, "timings": {"a_s": 1.0, "b_s": 0.5, "c_s": 2}}) == [
-        ("schedule", "every_steps=50, batches=4"), ("timings", ""), ("  a", "1.00 s"), ("  b", "500.0 ms"), ("  c", "2.00 s")]
+        ("schedule", "every steps 50 · batches 4"), ("timings", ""), ("  a", "1.00 s"), ("  b", "500.0 ms"), ("  c", "2.00 s")]

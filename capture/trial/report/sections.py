@@ -42,8 +42,13 @@ def _generic_rows(table: Mapping[str, Any] | None, known: set[str] | frozenset[s
             rows.append((_label(k), ""))
             rows += _sub_rows(v)
         else:
-            rows.append((_label(k), fmt_value(k, v)))
+            rows.append((_label(k), _inline(v) if isinstance(v, Mapping) else fmt_value(k, v)))
     return rows
+
+
+def _inline(table: Mapping[str, Any]) -> str:
+    """A small sub-table on its row: ``every steps 50 · batches 4``."""
+    return " · ".join(f"{_label(str(k))} {fmt_value(str(k), v)}" for k, v in table.items()) or "-"
 
 
 def _sub_rows(table: Mapping[str, Any], indent: str = "  ") -> list[tuple[str, str]]:
@@ -555,8 +560,7 @@ def recovery_extras(rec: Mapping[str, Any], known: set[str]) -> tuple[list[tuple
                 rows.append((_label(k), head))
                 rows += _sub_rows(rest)
             else:
-                rows.append((_label(k), " · ".join(filter(None, [head, *(f"{_label(a)} {fmt_value(a, b)}"
-                                                                         for a, b in rest.items())]))))
+                rows.append((_label(k), " · ".join(filter(None, [head, _inline(rest) if rest else ""]))))
         elif "verdict" in k:
             rows.insert(0, (k.replace("_", " ").upper(), str(v)))
         else:
