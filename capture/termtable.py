@@ -76,11 +76,14 @@ def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None,
     return [line.replace(GLUE, " ") for line in lines] or [indent.rstrip()]
 
 
-def cut(text: str, width: int) -> str:
-    """``text`` on one line of at most ``width`` characters, ending in an ellipsis when cut."""
+def cut(text: str, width: int, keep_end: bool = False) -> str:
+    """``text`` on one line of at most ``width`` characters, ending in an ellipsis when cut;
+    ``keep_end``: starting with one, the end kept (a dotted field path's last key names it)."""
     text = " ".join(text.split())
     if len(text) <= width:
         return text
+    if keep_end:
+        return "…" + text[len(text) - max(width - 1, 0):].lstrip() if width > 1 else "…"
     return text[: max(width - 1, 0)].rstrip() + "…"
 
 

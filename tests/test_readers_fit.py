@@ -232,6 +232,25 @@ def test_compare_h200_with_cpu_fits_and_never_calls_rss_better(cpu_run, columns,
     assert len(_fits(capsys.readouterr().out)) > len(lines)
 
 
+def test_compare_of_two_run_definitions_says_why_once_and_leads_with_what_differs(columns, capsys):
+    """QLoRA against LoRA on one H100 (both pinned here): the seven figures that cannot be compared
+    said "not comparable: different run definitions (see ...)" each, wrapped over four lines (28
+    lines); the differing fields were cut at their start ("trial.run.training.quantization.…"),
+    hiding which key differed, and the one that matters (method nf4 -> none) was past the listed
+    eight. Now the reason is one line under the table, field paths keep their end, and the run
+    definition comes first, changed values before keys only one side has."""
+    h100 = MANIFESTS / "nvidia-h100-80gb-hbm3-x1" / "2026-12-06"
+    main(["compare", str(h100 / "13704c81bf7e.toml"), str(h100 / "057803b995e1.toml"), "--allowed-signers", str(TRUST)])
+    lines = _fits(capsys.readouterr().out)
+    table = lines[lines.index("Trial figures (B relative to A)"):lines.index("Stack: what changed from A to B")]
+    assert sum("different run definitions" in x for x in table) == 1
+    assert [x.split()[-2:] for x in table if x.startswith("  tokens/s")] == [["not", "comparable"]]
+    fields = lines[next(i for i, x in enumerate(lines) if x.startswith("  other fields: ")) + 1:]
+    assert fields[0].split()[:4] == ["trial.run.name", "qlora-gc", "->", "lora-gc"]
+    assert fields[1].split()[0].endswith(".quantization.method") and fields[1].split()[1:] == ["nf4", "->", "none"]
+    assert any(x.split()[0] == "….training.quantization.blocksize" for x in fields[:12])
+
+
 def test_show_fits_and_keeps_check_names_whole(columns, capsys):
     assert main(["show", str(H200_B), "--allowed-signers", str(TRUST)]) == 0
     text = capsys.readouterr().out
@@ -313,3 +332,12 @@ def test_termtable_fits_every_width_without_breaking_a_word():
         assert t.dropped == ["recovery", "tokens/s"][:len(t.dropped)]  # lowest drop first
     wide = fit(cols, rows, 40, wide=True)
     assert any(rows[1][1] in line for line in wide.lines) and not wide.dropped
+
+
+def test_cut_keeps_the_start_or_the_end():
+    from capture.termtable import cut
+
+    assert cut("trial.run.training.quantization.method", 20) == "trial.run.training.…"
+    assert cut("trial.run.training.quantization.method", 20, keep_end=True) == "…quantization.method"
+    assert cut("short", 20, keep_end=True) == "short" and cut("abc", 1, keep_end=True) == "…"
+    assert all(len(cut("x" * 50, w, keep_end=True)) == w for w in range(1, 50))

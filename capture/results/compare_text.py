@@ -21,7 +21,10 @@ from capture.termtable import Column, cut, fit, wrap
 from capture.trial.report.checks import HIGH_CV
 
 SHOWN_FIELDS = 8
-"""Stack fields listed by default; ``--all`` lists every one."""
+"""Stack fields listed by default besides the run definition; ``--all`` lists every one."""
+SHOWN_RUN_DEFINITION = 12
+"""Run-definition fields listed by default, first."""
+RUN_DEFINITION = "run definition"
 KEY_PACKAGES = re.compile(r"^(torch|torchvision|triton|pytorch-triton.*|jax|jaxlib|nvidia-(cudnn|nccl|cuda-runtime|cublas)"
                           r".*|cuda-toolkit|transformers|peft|accelerate|deepspeed|flash-attn|bitsandbytes|vllm)$")
 """Packages named under the counts: the framework, its GPU libraries and the training libraries."""
@@ -45,14 +48,14 @@ def _value(v: Any, unit: str = "", currency: str | None = None) -> str:
     return printable(v)
 
 
-def _figure_row(f: FigureChange) -> list[str]:
+def _figure_row(f: FigureChange, shared_why: bool = False) -> list[str]:
     a = _value(f.a, f.unit, f.basis_a)
     b = _value(f.b, f.unit, f.basis_b)
     if f.name == "peak_memory_bytes":
         a += f" ({f.basis_a})" if f.basis_a and f.a is not None else ""
         b += f" ({f.basis_b})" if f.basis_b and f.b is not None else ""
     rel = f"{f.relative_change:+.1%}" if f.relative_change is not None and not f.why else ""
-    verdict = f"{f.verdict}: {f.why}" if f.why else f.verdict
+    verdict = f"{f.verdict}: {f.why}" if f.why and not shared_why else f.verdict
     return [f.label, a, b, rel, verdict]
 
 
@@ -96,9 +99,14 @@ def _figures(c: Comparison, width: int, out: list[str], para: Any) -> None:
         out.append("Trial figures: none in either manifest (fingerprints only)")
         return
     out.append("Trial figures (B relative to A)")
-    rows = [_figure_row(f) for f in c.figures]
+    whys = [f.why for f in c.figures if f.why]
+    shared = {w for w in whys if whys.count(w) > 1}  # said once under the table, not in every row
+    rows = [_figure_row(f, f.why in shared) for f in c.figures]
     out += fit([Column("figure", min_width=14), Column("A", min_width=12), Column("B", min_width=12),
                 Column("change", nowrap=True), Column("verdict", min_width=12)], rows, width, indent=2).lines
+    for why in sorted(shared):
+        names = ", ".join(f.label for f in c.figures if f.why == why)
+        para(f"not comparable ({names}): {why}", "  ")
     targets = {s.summary.costs.target.text() for s in (c.a, c.b) if s.summary.costs is not None}
     if targets:
         para(f"projected to {' / '.join(sorted(targets))}; each at its own recorded price (docs/decide.md)", "  ")
@@ -148,7 +156,11 @@ def _stack(c: Comparison, width: int, everything: bool, out: list[str], para: An
         for g, *_ in fields:
             groups[g] = groups.get(g, 0) + 1
         para(f"other fields: {len(fields)} differ (" + ", ".join(f"{g} {n}" for g, n in groups.items()) + ")", "  ")
-        rows = fields if everything else fields[:SHOWN_FIELDS]
+        # The run definition first (it is why trial figures are not comparable), a changed value
+        # before a key only one side has.
+        run_def = sorted((f for f in fields if f[0] == RUN_DEFINITION), key=lambda f: "(absent)" in (f[2], f[3]))
+        rest = [f for f in fields if f[0] != RUN_DEFINITION]
+        rows = fields if everything else run_def[:SHOWN_RUN_DEFINITION] + rest[:SHOWN_FIELDS]
         out += _pairs([[f, a, b] for _, f, a, b in rows], width, everything)
         for field, detail in details if everything else details[:2]:
             para(f"{field}: {detail}", "    ", "      ")
@@ -169,5 +181,5 @@ def _pairs(rows: list[list[str]], width: int, everything: bool) -> list[str]:
         return out
     name_w = min(max(len(r[0]) for r in rows), max(16, width // 3))
     value_w = max(8, (width - 4 - name_w - 2 - 4) // 2)
-    return [f"    {cut(r[0], name_w):<{name_w}}  {cut(r[1], value_w):<{value_w}} -> {cut(r[2], value_w)}".rstrip()
+    return [f"    {cut(r[0], name_w, keep_end=True):<{name_w}}  {cut(r[1], value_w):<{value_w}} -> {cut(r[2], value_w)}".rstrip()
             for r in rows]
