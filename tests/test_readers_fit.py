@@ -313,6 +313,26 @@ def test_run_definition_is_every_recorded_setting():
         assert any(d.startswith(key) for d in run_definition(other).differences(run_definition(base)))
 
 
+def test_a_groups_heading_names_the_settings_that_make_the_run_fit():
+    """Two groups of one model, method and batch read apart: QLoRA and LoRA on one H100 (pinned
+    here) were both "llama (...) · lora · bf16 · seq 2048 · 8192 tokens/step"."""
+    h100 = MANIFESTS / "nvidia-h100-80gb-hbm3-x1" / "2026-12-06"
+    labels = {}
+    for name in ("13704c81bf7e", "057803b995e1"):
+        data = mf.parse_body(mf.split_signed((h100 / f"{name}.toml").read_bytes())[0])
+        labels[name] = run_definition(data).label()
+    assert labels["13704c81bf7e"].split(" · ")[1:] == ["lora r16", "nf4", "checkpointing", "sdpa", "bf16", "seq 2048",
+                                                      "8192 tokens/step"]
+    assert labels["057803b995e1"].split(" · ")[1:] == ["lora r16", "checkpointing", "sdpa", "bf16", "seq 2048",
+                                                      "8192 tokens/step"]
+    run = {"trial": {"run": {"method": "full", "max_seq_len": 8192, "optimizer": {"name": "paged_adamw_8bit"},
+                             "model": {"architecture": "llama", "attn_implementation": "flash_attention_2"},
+                             "training": {"compile": {"enabled": True}, "loss": {"name": "chunked"},
+                                          "gradient_checkpointing": {"enabled": False},
+                                          "quantization": {"method": "none"}}}}}
+    assert run_definition(run).fit_words() == ["flash_attention_2", "compiled", "chunked loss", "paged_adamw_8bit"]
+
+
 def test_termtable_fits_every_width_without_breaking_a_word():
     from capture.termtable import Column, fit
 

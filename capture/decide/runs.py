@@ -73,8 +73,27 @@ class RunDefinition:
     """Settings the headline fields already name (not repeated in :meth:`differences`)."""
 
     def label(self) -> str:
-        return (f"{self.model} · {self.method} · {self.precision} · seq {self.seq_len} · "
-                f"{self.global_batch_tokens} tokens/step")
+        """The group's heading: the headline fields and the settings that make a run fit, so that
+        two groups of one model, method and batch (QLoRA and LoRA, checkpointing on and off) read
+        apart: ``llama (...) · lora r16 · nf4 · checkpointing · sdpa · bf16 · seq 2048 · 8192 tokens/step``."""
+        return " · ".join([self.model, self.method + self._rank(), *self.fit_words(), self.precision,
+                           f"seq {self.seq_len}", f"{self.global_batch_tokens} tokens/step"])
+
+    def _rank(self) -> str:
+        rank = dict(self.settings).get("lora.rank")
+        return f" r{json.loads(rank)}" if rank is not None and self.method == "lora" else ""
+
+    def fit_words(self) -> list[str]:
+        """The recorded settings that decide which card a run fits, as words: quantization,
+        checkpointing, the attention kernel, compile, a chunked loss, an optimizer other than AdamW."""
+        s = {k: json.loads(v) for k, v in self.settings}
+        words = [str(s["training.quantization.method"]) if s.get("training.quantization.method") not in (None, "none") else "",
+                 "checkpointing" if s.get("training.gradient_checkpointing.enabled") is True else "",
+                 str(s.get("model.attn_implementation") or ""),
+                 "compiled" if s.get("training.compile.enabled") is True else "",
+                 f"{s['training.loss.name']} loss" if s.get("training.loss.name") not in (None, "standard") else "",
+                 str(s["optimizer.name"]) if s.get("optimizer.name") not in (None, "adamw") else ""]
+        return [w for w in words if w]
 
     def differences(self, other: RunDefinition) -> list[str]:
         out = [f"{self.LABELS[f]}: {getattr(self, f)} vs {getattr(other, f)}"
