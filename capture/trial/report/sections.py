@@ -9,7 +9,7 @@ from typing import Any
 
 from capture.fmt import bytes_str, seconds_str
 from capture.manifest import dig
-from capture.trial.report import settings
+from capture.trial.report.settings import TRAINING_KEYS, training_rows
 from capture.trial.report.values import (NOT_MEASURED, _first, _is_num, _label, _numbers, _table, fmt_value,
                                          percentile)
 
@@ -162,12 +162,12 @@ def _run_section(m: Mapping[str, Any]) -> Section:
     row("data", _summary(data, "name", "repo_id", "path", "source", "tokenizer", "train_tokens"), "data")
     if _is_num(run.get("measured_steps")):
         row("steps", f"{run.get('warmup_steps', 0)} warm-up + {run['measured_steps']} measured", "warmup_steps", "measured_steps")
-    for label, text in settings.training_rows(run):
+    for label, text in training_rows(run):
         row(label, text)
     training = run.get("training")
     if isinstance(training, Mapping):  # what a newer trial records beside the settings shown above
         shown.add("training")
-        sec.rows += _generic_rows({k: v for k, v in training.items() if k not in settings.TRAINING_KEYS})
+        sec.rows += _generic_rows({k: v for k, v in training.items() if k not in TRAINING_KEYS})
     sec.rows += _generic_rows(run, shown)
     return sec
 
