@@ -464,5 +464,7 @@ def test_a_sub_table_reads_one_row_per_entry_not_a_run_on_line():
                     ("deterministic", "enabled no · requested auto"),
                     ("second resume", "BIT-EXACT"), ("  step", "3"), ("  components", "7"),
                     ("  note", "from the second checkpoint")]
+    assert _generic_rows({"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False}}) == [
+        ("allocator settings", "PYTORCH_CUDA_ALLOC_CONF (empty) · expandable segments no")]  # a variable's name as written
     assert _generic_rows({"schedule": {"every_steps": 50, "batches": 4}, "timings": {"a_s": 1.0, "b_s": 0.5, "c_s": 2}}) == [
         ("schedule", "every steps 50 · batches 4"), ("timings", ""), ("  a", "1.00 s"), ("  b", "500.0 ms"), ("  c", "2.00 s")]

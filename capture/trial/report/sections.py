@@ -48,7 +48,17 @@ def _generic_rows(table: Mapping[str, Any] | None, known: set[str] | frozenset[s
 
 def _inline(table: Mapping[str, Any]) -> str:
     """A small sub-table on its row: ``every steps 50 · batches 4``."""
-    return " · ".join(f"{_label(str(k))} {fmt_value(str(k), v)}" for k, v in table.items()) or "-"
+    return " · ".join(f"{_key_label(k)} {_cell(k, v)}" for k, v in table.items()) or "-"
+
+
+def _key_label(key: Any) -> str:
+    """A key as a label; an environment variable's name (``PYTORCH_CUDA_ALLOC_CONF``) as written."""
+    key = str(key)
+    return key if key.isupper() else _label(key)
+
+
+def _cell(key: Any, v: Any) -> str:
+    return "(empty)" if v == "" else fmt_value(str(key), v)
 
 
 def _sub_rows(table: Mapping[str, Any], indent: str = "  ") -> list[tuple[str, str]]:
@@ -56,10 +66,10 @@ def _sub_rows(table: Mapping[str, Any], indent: str = "  ") -> list[tuple[str, s
     rows: list[tuple[str, str]] = []
     for k, v in table.items():
         if isinstance(v, Mapping) and len(v) > 2 and len(indent) < 6:
-            rows.append((f"{indent}{_label(str(k))}", ""))
+            rows.append((f"{indent}{_key_label(k)}", ""))
             rows += _sub_rows(v, indent + "  ")
         else:
-            rows.append((f"{indent}{_label(str(k))}", fmt_value(str(k), v)))
+            rows.append((f"{indent}{_key_label(k)}", _cell(k, v)))
     return rows
 
 
