@@ -278,6 +278,10 @@ def test_units_follow_the_key_names():
     assert report.fmt_value("headroom", 0.1) == "10.00 %"
     assert report.fmt_value("fits", True) == "yes"
     assert report.fmt_value("wall_total_s", 7300) == "2.03 h"
+    assert report.fmt_value("step_time_s", [0.1] * 20) == "20 values (100.0 ms .. 100.0 ms)"
+    names = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert report.fmt_value("target_modules", names) == ", ".join(names)  # names are shown, not "7 values"
+    assert report.fmt_value("target_modules", [f"m{i}" for i in range(30)]).endswith("m19 and 10 more")
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])

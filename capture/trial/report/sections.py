@@ -162,7 +162,7 @@ def _run_section(m: Mapping[str, Any]) -> Section:
     prec = run.get("precision")
     if isinstance(prec, Mapping):
         row("precision", " · ".join(filter(None, [str(prec.get("dtype", "")), "autocast" if prec.get("autocast") else "",
-                                                  f"weights {prec['weights_dtype']}" if prec.get("weights_dtype") else "",
+                                                  f"weights {fmt_value('weights_dtype', prec['weights_dtype'])}" if prec.get("weights_dtype") else "",
                                                   "grad scaler" if prec.get("grad_scaler") else ""])), "precision")
     batch = [f"{label} {run[k]:,}" for k, label in (("max_seq_len", "seq"), ("micro_batch_size", "micro-batch"),
                                                    ("grad_accum", "grad-accum"), ("tokens_per_step", "tokens/step"))

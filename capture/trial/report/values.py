@@ -49,8 +49,10 @@ def fmt_value(key: str, v: Any) -> str:
         return ", ".join(f"{k}={fmt_value(key.rpartition('_by_')[0] if '_by_' in key else str(k), x)}" for k, x in v.items())
     if isinstance(v, Sequence) and not isinstance(v, (str, bytes)):
         nums = _numbers(v)
-        if len(v) > 6:
+        if len(v) > 6 and (nums or not all(isinstance(x, str) for x in v)):
             return f"{len(v)} values" + (f" ({fmt_value(key, min(nums))} .. {fmt_value(key, max(nums))})" if nums else "")
+        if len(v) > 24:  # names (LoRA's target modules, saved components): the first ones, then a count
+            return ", ".join(str(x) for x in v[:20]) + f" and {len(v) - 20} more"
         return ", ".join(fmt_value(key, x) for x in v) if v else "none"
     if not _is_num(v):
         return str(v)
