@@ -279,6 +279,7 @@ def test_units_follow_the_key_names():
     assert report.fmt_value("fits", True) == "yes"
     assert report.fmt_value("wall_total_s", 7300) == "2.03 h"
     assert report.fmt_value("step_time_s", [0.1] * 20) == "20 values (100.0 ms .. 100.0 ms)"
+    assert report.fmt_value("mfu_6n", 0.184216) == "18.42 %" and report.fmt_value("mfu_with_attention", 0.193382) == "19.34 %"
     names = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
     assert report.fmt_value("target_modules", names) == ", ".join(names)  # names are shown, not "7 values"
     assert report.fmt_value("target_modules", [f"m{i}" for i in range(30)]).endswith("m19 and 10 more")
@@ -472,3 +473,14 @@ def test_a_sub_table_reads_one_row_per_entry_not_a_run_on_line():
         ("allocator settings", "PYTORCH_CUDA_ALLOC_CONF (empty) · expandable segments no")]  # a variable's name as written
     assert _generic_rows({"schedule": {"every_steps": 50, "batches": 4}, "timings": {"a_s": 1.0, "b_s": 0.5, "c_s": 2}}) == [
         ("schedule", "every steps 50 · batches 4"), ("timings", ""), ("  a", "1.00 s"), ("  b", "500.0 ms"), ("  c", "2.00 s")]
+
+
+def test_the_page_shows_the_nesting_the_terminal_shows(tmp_path):
+    """Indented rows (a term under the estimate, an entry under its sub-table) were flush left on
+    the page, so an entry read as a row of its own; now they carry their level."""
+    m = _manifest()
+    m["trial"]["recovery"]["plan"] = {"checkpoint": "full", "restore": "one build", "memory": {"a_bytes": 1, "b_bytes": 2, "c": 3}}
+    html = report.write_html(m, tmp_path / "r.html").read_text()
+    assert '<td class="k">plan</td>' in html and '<td class="k i1">checkpoint</td>' in html
+    assert '<td class="k i2">a</td>' in html and "td.i1{padding-left" in html
+    assert re.search(r'<td class="fig">\+?-?\d[\d.]* %</td>', html)  # a short figure in a grid never wraps

@@ -31,6 +31,7 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin:1.6em 0 .3em;border-bottom:1px soli
 p.status{margin:.2em 0 .6em;font-weight:600}.ok{color:#17692d}.bad{color:#a4161a}.none{color:#778}
 table{border-collapse:collapse;margin:.4em 0}td,th{padding:.15em .9em .15em 0;text-align:left;vertical-align:top}
 th{font-weight:600;border-bottom:1px solid #ccd}td.k{color:#556}code{font-size:.95em}
+td.i1{padding-left:1.2em}td.i2{padding-left:2.4em}td.i3{padding-left:3.6em}
 svg{display:block;margin:.5em 0;max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#333}
 .panel{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1.2em;background:#f4f6f8;border:1px solid #ccd;
 border-radius:6px;padding:.8em 1em;margin:1em 0}.panel .k{color:#556;font-weight:600}.warn{color:#8a5a00}
@@ -205,9 +206,17 @@ def td(value: Any, cls: str = "") -> str:
     return f'<td class="{cls}">{_e(text)}</td>' if cls else f"<td>{_e(text)}</td>"
 
 
+def _key_class(label: str) -> str:
+    """``k``, and ``i1``..``i3`` for a label indented under the row above (two spaces a level in
+    the terminal): the page shows the same nesting."""
+    level = min((len(label) - len(label.lstrip(" "))) // 2, 3)
+    return f"k i{level}" if level else "k"
+
+
 def grid_html(headers: list[str], rows: list[list[str]]) -> str:
     return ("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"
-            + "".join("<tr>" + "".join(td(c) for c in row) + "</tr>" for row in rows) + "</table>")
+            + "".join("<tr>" + "".join(td(c, "fig" if len(str(c)) <= 12 else "") for c in row) + "</tr>"
+                      for row in rows) + "</table>")
 
 
 def report_body(manifest: Mapping[str, Any], signature: str | None = None, cost: Any = None) -> str:
@@ -223,7 +232,7 @@ def report_body(manifest: Mapping[str, Any], signature: str | None = None, cost:
         if sec.title == "Memory":
             body.append(memory_svg(manifest))
         if sec.rows:
-            body.append("<table>" + "".join(f'<tr><td class="k">{_e(k.strip())}</td>{td(v)}</tr>'
+            body.append("<table>" + "".join(f'<tr><td class="{_key_class(k)}">{_e(k.strip())}</td>{td(v)}</tr>'
                                             for k, v in sec.rows) + "</table>")
         for grid in sec.grids:
             body.append(grid_html(grid.headers, grid.rows))

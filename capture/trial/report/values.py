@@ -66,7 +66,7 @@ def fmt_value(key: str, v: Any) -> str:
         return bytes_str(v)
     if key.endswith("_s"):
         return seconds_str(v)
-    if key.endswith(_PERCENT_SUFFIXES) or key == "cv":
+    if key.endswith(_PERCENT_SUFFIXES) or key == "cv" or key.startswith("mfu_"):  # mfu_6n, mfu_with_attention
         return f"{v * 100:+.1f} %" if key.endswith("_error") else percent_str(v, 2)
     if key.endswith("_w"):
         return f"{v:.0f} W"
