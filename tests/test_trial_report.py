@@ -106,7 +106,7 @@ def test_terminal_summary_shows_every_stage():
     assert re.search(r"measured peak allocated +43\.90 GiB", text)
     assert re.search(r"Steps +median 25\d\.\d ms, p90 2\d\d\.\d ms, CV 0\.73 %", text)
     assert "20 measured after 3 warm-up" in text
-    assert "64,113 tok/s" in text and "mfu" in text and "33.16 %" in text
+    assert "64,113 tok/s" in text and re.search(r"MFU \(6N\) +33\.16 %", text)
     assert f"{p['llama_1b']['ckpt_write_s']:.2f} s" in text
     assert re.search(r"H200 141GB +140\.40 GiB +92\.16 GiB \(65\.6 %\) .* yes +yes", text)
     assert "Recovery    bit-exact (checkpoint after step 2 of 4, restored in a fresh process)" in text
@@ -484,3 +484,31 @@ def test_the_page_shows_the_nesting_the_terminal_shows(tmp_path):
     assert '<td class="k">plan</td>' in html and '<td class="k i1">checkpoint</td>' in html
     assert '<td class="k i2">a</td>' in html and "td.i1{padding-left" in html
     assert re.search(r'<td class="fig">\+?-?\d[\d.]* %</td>', html)  # a short figure in a grid never wraps
+
+
+def test_mfu_both_ways_reads_three_rows_with_their_flops_and_formulas():
+    """Issue 22 item 4, as pinned for the QLoRA run on an H100: the 6N figure and the one with
+    attention FLOPs, each named with its FLOPs a token and formula, and the peak (these were
+    thirteen generic rows: 'peak flops 9.89e+14', 'mfu 6n 0.184216', ...)."""
+    from capture.trial.report.sections import _steps_section
+
+    m = _manifest()
+    six = "4 x params_total + 2 x params_trainable (6N for a full fine-tune; attention scores not counted)"
+    m["trial"]["stats"].update({
+        "mfu": 0.184216, "mfu_6n": 0.184216, "mfu_with_attention": 0.193382,
+        "flops_formula": six, "flops_formula_6n": six, "flops_per_token": 3.237e10,
+        "flops_per_token_with_attention": 3.398e10, "attention_flops_per_token": 1.611e9,
+        "attention_flops_formula": "6 x layers x attention_width x seq_len (causal: half the score matrix)",
+        "attention_flops_inputs": {"attention_width": 4096, "layers": 32, "seq_len": 2048},
+        "peak_flops": 9.89e14, "peak_flops_source": "catalog: H100 80GB SXM, dense bf16 peak"})
+    rows = dict(_steps_section(m).rows)
+    assert rows["MFU (6N)"] == f"18.42 % · 32.37 GFLOP a token = {six}"
+    assert rows["MFU with attention"] == ("19.34 % · 33.98 GFLOP a token, of which attention 1.611 GFLOP = 6 x layers "
+                                          "x attention_width x seq_len (causal: half the score matrix) "
+                                          "(attention width 4,096, layers 32, seq len 2,048)")
+    assert rows["peak"] == "989 TFLOP/s (catalog: H100 80GB SXM, dense bf16 peak)"
+    assert not {"mfu", "mfu 6n", "peak flops", "flops per token", "attention flops inputs"} & set(rows)
+    del m["trial"]["stats"]["mfu"], m["trial"]["stats"]["mfu_6n"], m["trial"]["stats"]["mfu_with_attention"]
+    m["trial"]["stats"]["mfu_note"] = "not computed: no peak FLOP/s for 'CPU: AMD EPYC' in the accelerator catalog"
+    rows = dict(_steps_section(m).rows)
+    assert "MFU (6N)" not in rows and rows["mfu note"].startswith("not computed")

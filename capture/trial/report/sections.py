@@ -10,6 +10,7 @@ from typing import Any
 from capture.fmt import bytes_str, seconds_str
 from capture.manifest import dig
 from capture.trial.report.settings import TRAINING_KEYS, training_rows
+from capture.trial.report.throughput import KEYS as MFU_KEYS, mfu_rows
 from capture.trial.report.values import (NOT_MEASURED, _first, _is_num, _label, _numbers, _table, fmt_value,
                                          percentile)
 
@@ -345,7 +346,10 @@ def _steps_section(m: Mapping[str, Any]) -> Section:
     losses = _numbers((steps or {}).get("loss"))
     if losses:
         sec.rows.append(("loss", f"{losses[0]:.4f} → {losses[-1]:.4f} over {len(losses)} steps"))
-    sec.rows += _generic_rows(stats, {"step_time_median_s", "step_time_p90_s", "step_time_cv", "skipped"})
+    mfu = mfu_rows(stats or {})
+    sec.rows += mfu
+    sec.rows += _generic_rows(stats, {"step_time_median_s", "step_time_p90_s", "step_time_cv", "skipped"}
+                              | (MFU_KEYS if mfu else set()))
     return sec
 
 
