@@ -98,6 +98,18 @@ def read_regular(path: str | os.PathLike[str], limit_bytes: int,
         os.close(fd)
 
 
+def read_if_present(path: str | os.PathLike[str], limit_bytes: int, error: type[CaptureError], what: str,
+                    hint: str) -> bytes | None:
+    """:func:`read_regular` for a file that may not be there yet: ``None`` where it is missing; a
+    folder or a file this user cannot read is ``error`` with ``hint``, like every other refusal."""
+    try:
+        return read_regular(path, limit_bytes, error, what)
+    except FileNotFoundError:
+        return None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise error(f"{os.fspath(path)}: cannot read the {what} ({exc.strerror})", hint) from None
+
+
 def read_prefix(path: str | os.PathLike[str], limit_bytes: int, follow_symlinks: bool = True) -> bytes | None:
     """Up to ``limit_bytes`` from the start of the regular file at ``path``; None where it is
     missing, unreadable or not a regular file (a FIFO, a device), or a symlink where

@@ -50,3 +50,11 @@ def percent_str(fraction: float | None, digits: int = 1) -> str:
     if fraction is None:
         return MISSING
     return f"{fraction * 100:.{digits}f} %"
+
+
+def flops_str(v: float, per_s: bool = False) -> str:
+    """``32.37 GFLOP``, ``989 TFLOP/s`` (decimal units, as the cards' peaks are quoted)."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(v) >= size:
+            return f"{v / size:.4g} {unit}" + ("/s" if per_s else "")
+    return f"{v:.4g} FLOP" + ("/s" if per_s else "")

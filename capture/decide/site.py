@@ -161,14 +161,14 @@ def _absent(v: Any) -> Any:
 
 
 def _drift(g: Group) -> str:
-    from capture.results.compare import package_changes, stack_changes
+    from capture.results.compare import RUN_DEFINITION, package_changes, stack_changes
 
     if len(g.runs) < 2:
         return "<p class=\"muted\">one run in this group: nothing to compare</p>"
     base = g.runs[0]
     items = []
     for r in g.runs[1:]:
-        changes = [c for c in stack_changes(base.data, r.data) if c.group != "run definition"]
+        changes = [c for c in stack_changes(base.data, r.data) if c.group != RUN_DEFINITION]
         pk = package_changes(base.data, r.data)
         if not changes and not pk:
             items.append(f"<li>{_e(r.slug)}: same stack as {_e(base.slug)}</li>")

@@ -26,6 +26,8 @@ from capture.verify.compare import ABSENT, Difference, compare_manifests
 from capture.verify.open import SignatureStatus, open_manifest
 from capture.verify.policy import Policy
 
+RUN_DEFINITION = "run definition"
+"""The group of the trial's settings (``trial.run.*``): two runs that differ there are not comparable."""
 # The group a stack field is shown under: the first prefix that matches wins.
 GROUPS: tuple[tuple[str, str], ...] = (
     ("nvidia.driver_version", "driver"),
@@ -45,7 +47,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("environment.", "environment"),
     ("models.", "models"),
     ("datasets.", "datasets"),
-    ("trial.run.", "run definition"),
+    ("trial.run.", RUN_DEFINITION),
 )
 
 

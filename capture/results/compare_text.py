@@ -15,7 +15,7 @@ from typing import Any
 from capture import costs
 from capture._escape import printable
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
-from capture.results.compare import NOISE_RULE, Comparison, FigureChange
+from capture.results.compare import NOISE_RULE, RUN_DEFINITION, Comparison, FigureChange
 from capture.results.summary import RunSummary
 from capture.termtable import Column, cut, fit, wrap
 from capture.trial.report.checks import HIGH_CV
@@ -24,7 +24,6 @@ SHOWN_FIELDS = 8
 """Stack fields listed by default besides the run definition; ``--all`` lists every one."""
 SHOWN_RUN_DEFINITION = 12
 """Run-definition fields listed by default, first."""
-RUN_DEFINITION = "run definition"
 KEY_PACKAGES = re.compile(r"^(torch|torchvision|triton|pytorch-triton.*|jax|jaxlib|nvidia-(cudnn|nccl|cuda-runtime|cublas)"
                           r".*|cuda-toolkit|transformers|peft|accelerate|deepspeed|flash-attn|bitsandbytes|vllm)$")
 """Packages named under the counts: the framework, its GPU libraries and the training libraries."""

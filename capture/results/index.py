@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from capture import _json
-from capture._safe_read import MIB, read_regular
+from capture._safe_read import MIB, read_if_present
 from capture.errors import ManifestError
 from capture.costs import DEFAULT_TARGET_TOKENS, money_str
 from capture.fmt import bytes_str, number_str, percent_str, seconds_str
@@ -35,12 +35,9 @@ def load_rows(root: Path) -> list[dict[str, Any]] | None:
     one :class:`ManifestError` (exit 3)."""
     path = root / INDEX_JSON
     hint = f"restore it from git (`git checkout -- {INDEX_JSON}`) and pin again"
-    try:
-        raw = read_regular(path, INDEX_MAX_BYTES, ManifestError, "index")
-    except FileNotFoundError:
+    raw = read_if_present(path, INDEX_MAX_BYTES, ManifestError, "index", hint)
+    if raw is None:
         return None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise ManifestError(f"{path}: cannot read the index ({exc.strerror})", hint) from None
     try:
         doc = _json.loads(raw)
     except _json.JsonError as exc:  # bad JSON, an integer of 5,000 digits, nesting too deep

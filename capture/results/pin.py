@@ -48,7 +48,7 @@ from capture.results import index as _index
 from capture.results._publish import _git, hook as _hook
 from capture.verify.open import SignatureStatus, load_allowed, open_manifest, trust_root
 from capture._escape import printable
-from capture._safe_read import CONFIG_MAX_BYTES, MANIFEST_MAX_BYTES, read_regular
+from capture._safe_read import CONFIG_MAX_BYTES, MANIFEST_MAX_BYTES, read_if_present, read_regular
 from capture.fmt import number_str
 from capture.results.summary import RunSummary, accelerator_slug, content_id, summarize
 
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _PINNED = re.compile(r"[a-z0-9][a-z0-9-]*/[0-9]{4}-[0-9]{2}-[0-9]{2}/[0-9a-f]{12}\.toml")
 """The path :func:`pin_path` gives a manifest: no "..", no leading "/", nothing else."""
+_RESTORE = "remove or restore it and pin again"
+"""The hint where a path pin compares against (a pinned manifest, the index) cannot be read as a file."""
 
 TRUST_FILE = trust_root.TRUST_FILE
 """Where a results repository keeps its trusted signers, relative to its root."""
@@ -216,12 +218,14 @@ def pin(files: Sequence[str], repo_dir: str | os.PathLike[str], message: str | N
     """Verify ``files`` and commit the new ones into the results repository at ``repo_dir``."""
     if not files:
         raise UsageError("no manifest to pin", "name one or more signed manifest files")
-    return _with_lock(repo_dir, lambda repo, top, root, rel_root: _pin_locked(repo, top, root, rel_root, files, message, tag))
+    return _with_lock(repo_dir, lambda repo, top, root, rel_root, allowed:
+                      _pin_locked(repo, top, root, rel_root, allowed, files, message, tag))
 
 
-def _with_lock(repo_dir: str | os.PathLike[str], work: Callable[[Any, Path, Path, str], _T]) -> _T:
-    """``work(repo, top, root, rel_root)`` holding the repository's pin lock, after repairing an
-    interrupted pin; nothing is visible until ``work`` commits."""
+def _with_lock(repo_dir: str | os.PathLike[str], work: Callable[[Any, Path, Path, str, Any], _T]) -> _T:
+    """``work(repo, top, root, rel_root, allowed)`` holding the repository's pin lock, after
+    repairing an interrupted pin and checking the layout, a clean work tree and the committed trust
+    file (``allowed``, its signers); nothing is visible until ``work`` commits."""
     repo = open_results_repo(repo_dir)
     top = Path(repo.working_tree_dir).resolve()
     root = Path(repo_dir).resolve()
@@ -233,7 +237,9 @@ def _with_lock(repo_dir: str | os.PathLike[str], work: Callable[[Any, Path, Path
             if done:
                 print(f"capture pin: {done} an interrupted pin in {top} first", file=sys.stderr)
             _hook("locked")
-            return work(repo, top, root, rel_root)
+            _check_layout(root)
+            _check_clean(repo, rel_root)
+            return work(repo, top, root, rel_root, load_allowed(_trust_file(repo, root, rel_root)))
     except OSError as exc:  # .git not writable, a full disk: nothing of this pin is visible yet
         where = exc.filename or git_dir
         raise UsageError(f"{top}: pin cannot write {where} ({exc.strerror or exc}); the repository was left as it was",
@@ -257,13 +263,11 @@ def reindex(repo_dir: str | os.PathLike[str], message: str | None = None) -> Rei
     repository trusts and named by its content id, as at pin time; one that is absent, untrusted
     or renamed stops the reindex with nothing changed. Manifests the index does not list are not
     added (`capture pin` adds them)."""
-    return _with_lock(repo_dir, lambda repo, top, root, rel_root: _reindex_locked(repo, top, root, rel_root, message))
+    return _with_lock(repo_dir, lambda repo, top, root, rel_root, allowed:
+                      _reindex_locked(repo, top, root, rel_root, allowed, message))
 
 
-def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | None) -> ReindexResult:
-    _check_layout(root)
-    _check_clean(repo, rel_root)
-    allowed = load_allowed(_trust_file(repo, root, rel_root))
+def _reindex_locked(repo, top: Path, root: Path, rel_root: str, allowed, message: str | None) -> ReindexResult:
     old_rows = _index.load_rows(root) or []
     rows, changed = [], []
     for old in old_rows:
@@ -277,9 +281,10 @@ def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | N
             raise ManifestError(f"{source}: listed in {_index.INDEX_JSON} but absent; the index was left as it was",
                                 f"restore it from git (`git checkout -- {rel}`), or remove its row with the commit that removed it")
         opened = open_manifest(str(source), allowed, require_trusted=True)
-        if pin_path(opened.data, opened.raw, str(source)) != rel:
+        named = pin_path(opened.data, opened.raw, str(source))
+        if named != rel:
             raise TrustError(f"{source}: pinned files are named <accelerator>/<date>/<content id>.toml, and this one "
-                             f"would be {pin_path(opened.data, opened.raw, str(source))}; the index was left as it was",
+                             f"would be {named}; the index was left as it was",
                              f"restore it from git (`git checkout -- {rel}`)")
         row = summarize(opened.data, opened.raw, rel, opened.signature.principal, opened.signature.fingerprint).to_json()
         rows.append(row)
@@ -289,7 +294,7 @@ def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | N
     plan = _Plan()
     for name, data in ((_index.INDEX_JSON, _index.render_json(rows)), (_index.INDEX_MD, _index.render_markdown(rows))):
         path = _publish.check_write_path(top, _repo_path(rel_root, name))
-        if _current(path, _index.INDEX_MAX_BYTES, "index") != data:
+        if read_if_present(path, _index.INDEX_MAX_BYTES, ManifestError, "index", _RESTORE) != data:
             plan.files[_repo_path(rel_root, name)] = data
     if not plan.files:
         return ReindexResult(len(rows), tuple(changed), None)
@@ -301,11 +306,8 @@ def _reindex_locked(repo, top: Path, root: Path, rel_root: str, message: str | N
     return ReindexResult(len(rows), tuple(changed), commit)
 
 
-def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str], message: str | None,
+def _pin_locked(repo, top: Path, root: Path, rel_root: str, allowed, files: Sequence[str], message: str | None,
                 tag: bool) -> PinResult:
-    _check_layout(root)
-    _check_clean(repo, rel_root)
-    allowed = load_allowed(_trust_file(repo, root, rel_root))
 
     verified = _verify(files, allowed)
     runs: list[PinnedRun] = []
@@ -319,7 +321,7 @@ def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str]
             continue
         in_this_call.add(rel)
         _publish.check_write_path(top, _repo_path(rel_root, rel))
-        existing = _current(root / rel, MANIFEST_MAX_BYTES, "pinned manifest")
+        existing = read_if_present(root / rel, MANIFEST_MAX_BYTES, ManifestError, "pinned manifest", _RESTORE)
         if existing is not None and existing != raw:
             raise UsageError(f"{root / rel}: a different file is already pinned at this path; refusing to overwrite it",
                              "the content ids collide; check the repository with `capture verify` and `git log -- PATH`")
@@ -343,17 +345,6 @@ def _pin_locked(repo, top: Path, root: Path, rel_root: str, files: Sequence[str]
     msg = commit_message(runs, message)
     commit = _commit_atomically(repo, top, plan, msg, tags)
     return PinResult(tuple(runs), commit, tags, msg)
-
-
-def _current(path: Path, limit: int, what: str) -> bytes | None:
-    """What ``path`` holds now (None: nothing there), read as hostile input: a FIFO or a device an
-    ignored path holds is an error (exit 3), never a read that blocks or does not end."""
-    try:
-        return read_regular(path, limit, ManifestError, what)
-    except FileNotFoundError:
-        return None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise ManifestError(f"{path}: cannot read it ({exc.strerror})", "remove or restore it and pin again") from None
 
 
 def _repo_path(rel_root: str, rel: str) -> str:

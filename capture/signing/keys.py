@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capture import paths
 from capture._atomic import atomic_write
-from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, KEY_MAX_BYTES, read_regular
+from capture._safe_read import ALLOWED_SIGNERS_MAX_BYTES, KEY_MAX_BYTES, read_if_present, read_regular
 from capture.errors import KeyError_, SignatureError, UsageError
 from capture.signing.sshsig import _KEY_TYPES, _KEYGEN_HINT, _Reader, public_key_line
 from capture.signing.trust import _allowed_signers_line
@@ -190,12 +190,8 @@ def ensure_default_key() -> Path:
     principal = _user_at_host()
     line = generate_key(path, comment=principal)
     allowed = paths.personal_allowed_signers()
-    try:
-        old = read_regular(allowed, ALLOWED_SIGNERS_MAX_BYTES, KeyError_, "allowed-signers file")
-    except FileNotFoundError:
-        old = b""
-    except OSError as exc:
-        raise KeyError_(f"{allowed}: cannot read ({exc.strerror})", "check the file's permissions") from None
+    old = read_if_present(allowed, ALLOWED_SIGNERS_MAX_BYTES, KeyError_, "allowed-signers file",
+                          "check the file's permissions") or b""
     if old and not old.endswith(b"\n"):
         old += b"\n"
     entry = _allowed_signers_line(principal, " ".join(line.split()[:2]))

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from capture._atomic import atomic_open
-from capture._safe_read import tree_bytes
 from capture._escape import printable
+from capture._safe_read import tree_bytes
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

@@ -18,12 +18,12 @@ TRAINING_KEYS = ("gradient_checkpointing", "quantization", "compile", "loss")
 """The keys of ``trial.run.training`` these rows show (the rest falls to the generic rows)."""
 
 
-def _table(v: Any) -> Mapping[str, Any]:
+def _mapping(v: Any) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 
 def attention(model: Any) -> str | None:
-    impl = _table(model).get("attn_implementation")
+    impl = _mapping(model).get("attn_implementation")
     return str(impl) if impl else None
 
 
@@ -80,10 +80,10 @@ def loss(info: Mapping[str, Any]) -> str | None:
 
 def training_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, text) for each setting the run recorded, in the order a fine-tune is made to fit."""
-    t = _table(run.get("training"))
+    t = _mapping(run.get("training"))
     rows = (("attention", attention(run.get("model"))),
-            ("checkpointing", checkpointing(_table(t.get("gradient_checkpointing")))),
-            ("quantization", quantization(_table(t.get("quantization")))),
-            ("compile", compile_text(_table(t.get("compile")))),
-            ("loss", loss(_table(t.get("loss")))))
+            ("checkpointing", checkpointing(_mapping(t.get("gradient_checkpointing")))),
+            ("quantization", quantization(_mapping(t.get("quantization")))),
+            ("compile", compile_text(_mapping(t.get("compile")))),
+            ("loss", loss(_mapping(t.get("loss")))))
     return [(label, text) for label, text in rows if text]

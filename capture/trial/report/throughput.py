@@ -12,21 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from capture.fmt import number_str, percent_str
+from capture.fmt import flops_str, number_str, percent_str
 from capture.trial.report.values import _is_num, _label
 
 KEYS = frozenset({"mfu", "mfu_6n", "mfu_with_attention", "flops_formula", "flops_formula_6n", "flops_per_token",
                   "flops_per_token_with_attention", "attention_flops_formula", "attention_flops_per_token",
                   "attention_flops_inputs", "peak_flops", "peak_flops_source"})
 """The keys of ``trial.stats`` the rows below show (the step-time keys are shown elsewhere)."""
-
-
-def flops_str(v: float, per_s: bool = False) -> str:
-    """``32.37 GFLOP``, ``989.0 TFLOP/s``."""
-    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if abs(v) >= size:
-            return f"{v / size:.4g} {unit}" + ("/s" if per_s else "")
-    return f"{v:.4g} FLOP" + ("/s" if per_s else "")
 
 
 def mfu_rows(stats: Mapping[str, Any]) -> list[tuple[str, str]]:
